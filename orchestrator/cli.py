@@ -1,0 +1,400 @@
+"""The `orchestrate` command line. Thin: parse, call the core, render, map errors to exit codes.
+
+Heavy modules (pydantic models, the supervisor, SSH) are imported inside the commands that need
+them, so `orchestrate status` starts fast. TensorFlow is never imported here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from orchestrator.errors import OrchestrateError, UsageError, exit_code_for
+from orchestrator.states import JobState, TaskState
+from orchestrator.store import JobRecord, Store, TaskRecord
+
+app = typer.Typer(
+    name="orchestrate",
+    help="Train one TensorFlow model on many hosts with MultiWorkerMirroredStrategy.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=True,
+)
+
+ConfigArg = Annotated[Path, typer.Argument(help="Path to cluster.toml.", show_default=False)]
+JobArg = Annotated[str, typer.Argument(help="Job id (or a unique prefix of it, or a job name).")]
+
+
+def _echo(text: str = "") -> None:
+    sys.stdout.write(text + "\n")
+
+
+@app.command()
+def validate(config: ConfigArg) -> None:
+    """Check a cluster.toml without starting anything."""
+    from orchestrator.config import load_config
+    from orchestrator.plan import dry_run_plan
+
+    cfg = load_config(config)
+    plan = dry_run_plan(cfg)
+    hosts = len({t.host_index for t in plan.tasks})
+    _echo(f"{config}: ok: job {cfg.job.name!r}, {cfg.backend.type} backend, "
+          f"{len(plan.tasks)} task(s) on {hosts} host(s)")  # fmt: skip
+
+
+@app.command()
+def launch(
+    config: ConfigArg,
+    detach: Annotated[
+        bool, typer.Option("--detach", "-d", help="Return once running; supervise in background.")
+    ] = False,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Print the plan and each TF_CONFIG; start nothing.")
+    ] = False,
+    verbose: Annotated[
+        bool, typer.Option("--verbose", "-v", help="Show TensorFlow's C++ notices too.")
+    ] = False,
+) -> None:
+    """Validate, preflight every host, start one agent per task, and supervise the job."""
+    from orchestrator.config import load_config
+
+    cfg = load_config(config)
+    if dry_run:
+        _print_dry_run(cfg)
+        return
+    from orchestrator.supervisor import register_job
+
+    store = Store()
+    job = register_job(store, cfg, str(config))
+    if detach:
+        _launch_detached(store, job)
+        return
+    from orchestrator.logstream import LineSink
+    from orchestrator.supervisor import Supervisor, job_home
+
+    sink = LineSink(job_home(job.id) / "logs", sys.stdout, verbose)
+    supervisor = Supervisor(store, job, cfg, sink)
+    supervisor.install_signal_handlers()
+    state = supervisor.run()
+    if state != JobState.SUCCEEDED:
+        raise typer.Exit(1)
+
+
+def _print_dry_run(cfg: Any) -> None:
+    from orchestrator.launcher import trainer_argv
+    from orchestrator.plan import dry_run_plan
+
+    plan = dry_run_plan(cfg)
+    _echo(f"job {cfg.job.name}: {len(plan.tasks)} task(s), {cfg.backend.type} backend, "
+          f"shared_dir {cfg.job.shared_dir}")  # fmt: skip
+    _echo(f"trainer: {' '.join(trainer_argv(cfg, '<python>'))}")
+    for task in plan.tasks:
+        _echo(f"worker-{task.index} on {task.host_label} ({task.endpoint})"
+              f"{' chief' if task.is_chief else ''}")  # fmt: skip
+        _echo(f"  TF_CONFIG={plan.tf_config_json(task.index)}")
+    if any(t.port is None for t in plan.tasks):
+        _echo("(auto ports are probed free on each host at launch)")
+
+
+def _launch_detached(store: Store, job: JobRecord) -> None:
+    from orchestrator.supervisor import job_home
+    from orchestrator.transport.local import LocalTransport
+
+    log = job_home(job.id) / "supervisor.log"
+    pid = LocalTransport().start_detached(
+        [sys.executable, "-m", "orchestrator", "supervise", job.id], log_path=str(log)
+    )
+    store.update_job(job.id, supervisor_pid=pid, supervisor_host=socket.gethostname())
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        current = store.get_job(job.id)
+        if current.state == JobState.RUNNING or current.state.is_terminal():
+            break
+        time.sleep(0.1)
+    if current.state in (JobState.FAILED, JobState.STOPPED):
+        raise OrchestrateError(f"job {job.id} {current.state.value}: {current.last_cause}")
+    _echo(f"job {job.id} {current.state.value} (supervisor pid {pid})")
+    _echo(f"  orchestrate status {job.id}   orchestrate logs {job.id} --follow")
+
+
+@app.command(hidden=True)
+def supervise(job_ref: JobArg) -> None:
+    """Supervise a registered job (the background half of `launch --detach`)."""
+    from orchestrator.config import ClusterConfig
+    from orchestrator.logstream import LineSink
+    from orchestrator.supervisor import Supervisor, job_home
+
+    store = Store()
+    job = store.get_job(job_ref)
+    cfg = ClusterConfig.model_validate_json(job.config_json)
+    sink = LineSink(job_home(job.id) / "logs", console=sys.stdout)
+    supervisor = Supervisor(store, job, cfg, sink)
+    supervisor.install_signal_handlers()
+    state = supervisor.run()
+    if state != JobState.SUCCEEDED:
+        raise typer.Exit(1)
+
+
+@app.command()
+def status(
+    job_ref: Annotated[str | None, typer.Argument(help="A job; default: recent jobs.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+    limit: Annotated[int, typer.Option(help="How many recent jobs to show.")] = 10,
+) -> None:
+    """Jobs, each task's state, progress, heartbeat and restarts; from any terminal."""
+    store = Store()
+    jobs = [store.get_job(job_ref)] if job_ref else store.list_jobs(limit)
+    tasks = store.tasks_for([j.id for j in jobs])
+    now = time.time()
+    views = [_job_view(j, tasks[j.id], now) for j in jobs]
+    if as_json:
+        _echo(json.dumps({"jobs": views}, indent=2))
+        return
+    _render_status(views, detailed=job_ref is not None or len(jobs) == 1)
+
+
+def _supervisor_alive(job: JobRecord) -> bool | None:
+    if job.supervisor_pid is None:
+        return False
+    if job.supervisor_host != socket.gethostname():
+        return None  # on another machine: we cannot tell from here
+    from worker.proctl import is_alive
+
+    return is_alive(job.supervisor_pid)
+
+
+def _job_view(job: JobRecord, tasks: list[TaskRecord], now: float) -> dict[str, Any]:
+    alive = None if job.state.is_terminal() else _supervisor_alive(job)
+    return {
+        "id": job.id,
+        "name": job.name,
+        "state": job.state.value,
+        "backend": job.backend,
+        "attempt": job.attempt,
+        "restarts": job.restarts,
+        "last_cause": job.last_cause,
+        "created": job.created,
+        "ended": job.ended,
+        "wall_seconds": round((job.ended or now) - job.created, 1),
+        "job_dir": job.job_dir,
+        "supervisor": {"pid": job.supervisor_pid, "host": job.supervisor_host, "alive": alive},
+        "tasks": [
+            {
+                "index": t.idx,
+                "type": t.type,
+                "host": t.host,
+                "address": t.address,
+                "state": t.state.value,
+                "agent_pid": t.agent_pid,
+                "pid": t.trainer_pid,
+                "exit_code": t.exit_code,
+                "epoch": t.epoch,
+                "step": t.step,
+                "loss": t.loss,
+                "steps_per_sec": t.steps_per_sec,
+                "heartbeat_age": None
+                if t.heartbeat_at is None
+                else round(max(now - t.heartbeat_at, 0.0), 2),
+            }
+            for t in tasks
+        ],
+    }
+
+
+def _render_status(views: list[dict[str, Any]], detailed: bool) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    if not views:
+        console.print("no jobs yet: orchestrate launch cluster.toml")
+        return
+    jobs = Table(box=None, header_style="bold")
+    for col in ("JOB", "STATE", "BACKEND", "TASKS", "RESTARTS", "WALL", "CAUSE"):
+        jobs.add_column(col)
+    for v in views:
+        running = sum(1 for t in v["tasks"] if TaskState(t["state"]).is_running())
+        state = v["state"]
+        if v["supervisor"]["alive"] is False:
+            state += " (supervisor gone)"
+        jobs.add_row(
+            v["id"], state, v["backend"], f"{running}/{len(v['tasks'])} running",
+            str(v["restarts"]), f"{v['wall_seconds']:.0f}s", v["last_cause"],
+        )  # fmt: skip
+    console.print(jobs)
+    if not detailed:
+        return
+    for v in views:
+        table = Table(box=None, header_style="bold", title=None)
+        for col in ("TASK", "HOST", "ADDRESS", "STATE", "PID", "EPOCH", "STEP", "LOSS",
+                    "STEPS/S", "HEARTBEAT"):  # fmt: skip
+            table.add_column(col)
+        for t in v["tasks"]:
+            table.add_row(
+                f"{t['type']}-{t['index']}", t["host"], t["address"],
+                t["state"] + (f" ({t['exit_code']})" if t["exit_code"] else ""),
+                str(t["pid"] or "-"), str(t["epoch"]), str(t["step"]),
+                "-" if t["loss"] is None else f"{t['loss']:.4f}",
+                "-" if t["steps_per_sec"] is None else f"{t['steps_per_sec']:.1f}",
+                "-" if t["heartbeat_age"] is None else f"{t['heartbeat_age']:.1f}s ago",
+            )  # fmt: skip
+        console.print()
+        console.print(table)
+
+
+@app.command()
+def logs(
+    job_ref: JobArg,
+    task: Annotated[int | None, typer.Option("--task", "-t", help="Only this task.")] = None,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing.")] = False,
+) -> None:
+    """Print a job's task logs (the coordinator's durable copies), prefixed by task."""
+    from orchestrator.supervisor import job_home
+
+    store = Store()
+    job = store.get_job(job_ref)
+    tasks = store.tasks(job.id)
+    if task is not None and task not in {t.idx for t in tasks}:
+        raise UsageError(f"job {job.id} has no task {task} (tasks: 0..{len(tasks) - 1})")
+    chosen = [t for t in tasks if task is None or t.idx == task]
+    log_dir = job_home(job.id) / "logs"
+    offsets = {t.idx: 0 for t in chosen}
+    partial = {t.idx: b"" for t in chosen}
+    while True:
+        for t in chosen:
+            path = log_dir / f"worker-{t.idx}.log"
+            if not path.exists():
+                continue
+            with open(path, "rb") as fh:
+                fh.seek(offsets[t.idx])
+                data = fh.read()
+            offsets[t.idx] += len(data)
+            *lines, partial[t.idx] = (partial[t.idx] + data).split(b"\n")
+            prefix = "" if task is not None else f"[worker-{t.idx} {t.host}] "
+            if lines:
+                sys.stdout.write("".join(prefix + ln.decode(errors="replace") + "\n" for ln in lines))
+        sys.stdout.flush()
+        if not follow or store.get_job(job.id).state.is_terminal():
+            if follow:
+                follow = False  # one last read after the job ended
+                continue
+            break
+        time.sleep(0.3)
+
+
+@app.command()
+def stop(job_ref: JobArg) -> None:
+    """Stop a job: every task on every host (SIGTERM, grace, SIGKILL)."""
+    store = Store()
+    job = store.get_job(job_ref)
+    if job.state.is_terminal():
+        _echo(f"job {job.id} already {job.state.value}")
+        return
+    from orchestrator.config import ClusterConfig
+
+    cfg = ClusterConfig.model_validate_json(job.config_json)
+    grace = cfg.supervision.stop_grace
+    if _supervisor_alive(job) and job.supervisor_pid is not None:
+        os.kill(job.supervisor_pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace + 30
+        while time.monotonic() < deadline and not store.get_job(job.id).state.is_terminal():
+            time.sleep(0.1)
+    if not store.get_job(job.id).state.is_terminal():
+        _stop_without_supervisor(store, job, cfg)
+    left = _alive_job_processes(store, job.id, cfg)
+    if left:
+        raise OrchestrateError(f"job {job.id}: processes still alive after stop: {sorted(left)}")
+    _echo(f"job {job.id} {store.get_job(job.id).state.value}")
+
+
+def _stop_without_supervisor(store: Store, job: JobRecord, cfg: Any) -> None:
+    """The supervisor is gone (or did not answer): stop the agents ourselves."""
+    from orchestrator.backends import open_backend
+    from orchestrator.launcher import AgentRef, stop_agents
+
+    tasks = store.tasks(job.id)
+    agents = [AgentRef(t.idx, t.host_index, t.agent_pid) for t in tasks if t.agent_pid]
+    backend = open_backend(cfg)
+    try:
+        stop_agents(backend, agents, cfg.supervision.stop_grace)
+    finally:
+        backend.close()
+    store.update_tasks(
+        job.id, {t.idx: {"state": TaskState.STOPPED} for t in tasks if not t.state.is_terminal()}
+    )
+    store.update_job(job.id, state=JobState.STOPPED, last_cause="stopped on request")
+    store.add_event(job.id, "stopped", "stopped on request (no supervisor)")
+
+
+def _alive_job_processes(store: Store, job_id: str, cfg: Any) -> set[int]:
+    from orchestrator.backends import open_backend
+
+    by_host: dict[int, list[int]] = {}
+    for t in store.tasks(job_id):
+        pids = [p for p in (t.agent_pid, t.trainer_pid) if p]
+        by_host.setdefault(t.host_index, []).extend(pids)
+    backend = open_backend(cfg)
+    try:
+        alive: set[int] = set()
+        for host_index, pids in by_host.items():
+            alive |= backend.transport(host_index).alive_pids(pids)
+        return alive
+    finally:
+        backend.close()
+
+
+@app.command()
+def collect(
+    job_ref: JobArg,
+    dest: Annotated[
+        Path | None, typer.Option("--dest", help="Where to put them (default: ./JOB_ID).")
+    ] = None,
+) -> None:
+    """Copy a job's per-task logs, final model and metrics to this machine."""
+    from orchestrator.backends import open_backend
+    from orchestrator.config import ClusterConfig
+    from orchestrator.supervisor import collect_job
+
+    store = Store()
+    job = store.get_job(job_ref)
+    cfg = ClusterConfig.model_validate_json(job.config_json)
+    target = dest or Path(job.id)
+    backend = open_backend(cfg)
+    try:
+        count = collect_job(backend, job.job_dir, target)
+    finally:
+        backend.close()
+    _echo(f"collected {count} file(s) of job {job.id} into {target}")
+
+
+def main() -> None:
+    """Entry point: one-line errors, exit codes from errors.exit_code_for, never a traceback."""
+    try:
+        app(standalone_mode=False)
+    except OrchestrateError as exc:
+        sys.stderr.write(f"error: {exc}\n")
+        sys.exit(exit_code_for(exc))
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except typer.Abort:
+        sys.stderr.write("aborted\n")
+        sys.exit(130)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except Exception as exc:  # click's usage errors and anything unforeseen: still one line
+        import click
+
+        if isinstance(exc, click.ClickException):
+            exc.show()
+            sys.exit(exc.exit_code)
+        sys.stderr.write(f"error: {type(exc).__name__}: {exc}\n")
+        sys.exit(1)
+    sys.exit(0)

@@ -1,0 +1,46 @@
+"""The error hierarchy, and the one place that maps errors to exit codes."""
+
+from __future__ import annotations
+
+
+class OrchestrateError(Exception):
+    """Base of every error the CLI reports as one line (never a traceback)."""
+
+    exit_code = 1
+
+
+class UsageError(OrchestrateError):
+    """Bad input from the user: a bad config file, an unknown job, a wrong flag."""
+
+    exit_code = 2
+
+
+class ConfigError(UsageError):
+    """cluster.toml cannot be read or does not validate. The message names the file and key."""
+
+
+class JobNotFoundError(UsageError):
+    """No job with that id (or name) in the state store."""
+
+
+class PreflightError(OrchestrateError):
+    """One or more hosts failed their checks; nothing was started."""
+
+
+class LaunchError(OrchestrateError):
+    """Agents could not be started; those that did start were stopped again."""
+
+
+class TransportError(OrchestrateError):
+    """A command or file operation on a host failed (unreachable, timed out, refused)."""
+
+
+class JobFailedError(OrchestrateError):
+    """The job ran and ended without success."""
+
+
+def exit_code_for(error: BaseException) -> int:
+    """Map any error to the CLI's exit code: 2 for bad input, 1 for everything else."""
+    if isinstance(error, OrchestrateError):
+        return error.exit_code
+    return 1

@@ -1,0 +1,254 @@
+"""Preflight every host, build the plan, push each task's spec, start the agents; if any host
+fails to start, stop what did start. Talks only to the Transport seam."""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TypeVar
+
+from orchestrator.backends import Backend
+from orchestrator.config import ClusterConfig, LocalBackend, SshBackend
+from orchestrator.errors import LaunchError, OrchestrateError, PreflightError
+from orchestrator.plan import LaunchPlan, build_plan, fixed_ports, task_slots
+from worker.spec import JobLayout, WorkerSpec
+
+PROBE_TIMEOUT = 60.0
+_T = TypeVar("_T")
+
+
+@dataclass(frozen=True)
+class HostReport:
+    host_index: int
+    host_label: str
+    problems: tuple[str, ...]
+    python: str = ""
+    tensorflow: str = ""
+    free_bytes: int = 0
+    ports: tuple[int, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def parallel(count: int, work: Callable[[int], _T]) -> list[_T]:
+    """work(i) for i in range(count), all at once (hosts are independent), results in order."""
+    if count == 1:
+        return [work(0)]
+    with ThreadPoolExecutor(max_workers=min(count, 64)) as pool:
+        return list(pool.map(work, range(count)))
+
+
+def host_labels(config: ClusterConfig) -> list[str]:
+    backend = config.backend
+    if isinstance(backend, LocalBackend):
+        return ["local"]
+    assert isinstance(backend, SshBackend)
+    return [h.label for h in backend.hosts]
+
+
+def preflight(config: ClusterConfig, backend: Backend, job_id: str) -> list[HostReport]:
+    """Check every host in parallel; raise PreflightError naming every failing host."""
+    labels = host_labels(config)
+    slots_per_host = [0] * len(labels)
+    for slot in task_slots(config):
+        slots_per_host[slot.host_index] += 1
+    shared = str(config.job.shared_dir)
+    token_dir = f"{shared}/.orchestrate-preflight/{job_id}"
+    token = secrets.token_hex(8)
+
+    def probe(i: int) -> HostReport:
+        transport = backend.transport(i)
+        argv = [
+            backend.python(i), "-m", "worker.probe",
+            "--shared-dir", shared,
+            "--ports", str(slots_per_host[i]),
+            "--token-file", f"{token_dir}/{i}",
+            "--token", f"{token}-{i}",
+        ]  # fmt: skip
+        try:
+            result = transport.run(argv, timeout=PROBE_TIMEOUT)
+        except OrchestrateError as exc:
+            return HostReport(i, labels[i], (str(exc),))
+        if not result.ok:
+            return HostReport(i, labels[i], (f"probe failed: {result.tail()}",))
+        try:
+            data = json.loads(result.stdout)
+        except ValueError:
+            return HostReport(i, labels[i], (f"probe printed no report: {result.tail()}",))
+        problems = list(data.get("problems", []))
+        if not data.get("tensorflow"):
+            problems.append("TensorFlow is not installed for " + backend.python(i))
+        return HostReport(
+            i,
+            labels[i],
+            tuple(problems),
+            python=data.get("python", ""),
+            tensorflow=data.get("tensorflow") or "",
+            free_bytes=int(data.get("free_bytes", 0)),
+            ports=tuple(data.get("ports", [])),
+        )
+
+    reports = parallel(len(labels), probe)
+    if all(r.ok for r in reports) and len(labels) > 1:
+        reports = _check_shared(backend, reports, token_dir, token)
+    versions = {r.tensorflow for r in reports if r.ok}
+    if len(versions) > 1:
+        detail = ", ".join(f"{r.host_label}={r.tensorflow}" for r in reports)
+        reports = [
+            HostReport(r.host_index, r.host_label, (*r.problems, f"TensorFlow differs: {detail}"))
+            for r in reports
+        ]
+    backend.transport(0).run(["rm", "-rf", token_dir], timeout=PROBE_TIMEOUT)
+    failing = [r for r in reports if not r.ok]
+    if failing:
+        lines = "; ".join(f"{r.host_label}: {', '.join(r.problems)}" for r in failing)
+        raise PreflightError(f"preflight failed on {len(failing)} host(s): {lines}")
+    return reports
+
+
+def _check_shared(
+    backend: Backend, reports: list[HostReport], token_dir: str, token: str
+) -> list[HostReport]:
+    """Every host reads back the token every other host wrote to the shared directory."""
+    paths = [f"{token_dir}/{r.host_index}" for r in reports]
+
+    def read_back(i: int) -> HostReport:
+        report = reports[i]
+        result = backend.transport(i).run(
+            [backend.python(i), "-m", "worker.probe", "--read-tokens", *paths],
+            timeout=PROBE_TIMEOUT,
+        )
+        seen = json.loads(result.stdout) if result.ok else {}
+        missing = [
+            reports[j].host_label
+            for j, path in enumerate(paths)
+            if seen.get(path) != f"{token}-{j}"
+        ]
+        if not missing:
+            return report
+        problem = f"shared_dir is not shared: cannot see files written by {', '.join(missing)}"
+        return HostReport(i, report.host_label, (*report.problems, problem))
+
+    return parallel(len(reports), read_back)
+
+
+def plan_launch(config: ClusterConfig, reports: Sequence[HostReport]) -> LaunchPlan:
+    """Assign ports (fixed, or those probed free on each host) and build the plan."""
+    slots = task_slots(config)
+    ports = fixed_ports(config, slots)
+    if ports is None:
+        taken: dict[int, int] = {}
+        ports = []
+        for slot in slots:
+            n = taken.get(slot.host_index, 0)
+            taken[slot.host_index] = n + 1
+            ports.append(reports[slot.host_index].ports[n])
+    return build_plan(config, ports)
+
+
+def trainer_argv(config: ClusterConfig, python: str) -> list[str]:
+    entry = config.entrypoint
+    target = ["-m", entry.module] if entry.module else [str(entry.script)]
+    return [python, *target, *entry.args]
+
+
+def make_specs(
+    config: ClusterConfig, plan: LaunchPlan, job_id: str, attempt: int, backend: Backend
+) -> list[WorkerSpec]:
+    sup = config.supervision
+    return [
+        WorkerSpec(
+            job_id=job_id,
+            attempt=attempt,
+            task_index=task.index,
+            task_type=task.type,
+            host_label=task.host_label,
+            tf_config=plan.tf_config(task.index),
+            argv=trainer_argv(config, backend.python(task.host_index)),
+            env=dict(config.entrypoint.env),
+            workdir=str(config.entrypoint.workdir),
+            shared_dir=str(config.job.shared_dir),
+            heartbeat_interval=sup.heartbeat_interval,
+            stop_grace=sup.stop_grace,
+        )
+        for task in plan.tasks
+    ]
+
+
+@dataclass(frozen=True)
+class StartOutcome:
+    task_index: int
+    host_label: str
+    agent_pid: int | None
+    error: str = ""
+
+
+def start_agents(
+    backend: Backend, plan: LaunchPlan, specs: Sequence[WorkerSpec], stop_grace: float
+) -> dict[int, int]:
+    """Push every spec and start every agent in parallel; on any failure, stop those that did
+    start and raise LaunchError with each host's outcome. Returns task index -> agent pid."""
+
+    def start(i: int) -> StartOutcome:
+        task, spec = plan.tasks[i], specs[i]
+        layout = spec.layout
+        transport = backend.transport(task.host_index)
+        try:
+            spec_path = str(layout.spec_path(i))
+            transport.put_file(spec_path, spec.model_dump_json().encode(), mode=0o600)
+            pid = transport.start_detached(
+                [backend.python(task.host_index), "-m", "worker.agent", spec_path],
+                log_path=str(layout.task_dir(i) / "agent.log"),
+            )
+        except OrchestrateError as exc:
+            return StartOutcome(i, task.host_label, None, str(exc))
+        return StartOutcome(i, task.host_label, pid)
+
+    outcomes = parallel(len(plan.tasks), start)
+    failed = [o for o in outcomes if o.agent_pid is None]
+    if failed:
+        started = [
+            AgentRef(o.task_index, plan.tasks[o.task_index].host_index, o.agent_pid)
+            for o in outcomes
+            if o.agent_pid is not None
+        ]
+        stop_agents(backend, started, stop_grace)
+        detail = "; ".join(
+            f"worker-{o.task_index}@{o.host_label}: "
+            + (o.error if o.agent_pid is None else "started, then stopped")
+            for o in outcomes
+        )
+        raise LaunchError(f"could not start every task, none left running: {detail}")
+    return {o.task_index: o.agent_pid for o in outcomes if o.agent_pid is not None}
+
+
+@dataclass(frozen=True)
+class AgentRef:
+    task_index: int
+    host_index: int
+    pid: int
+
+
+def stop_agents(backend: Backend, agents: Sequence[AgentRef], grace: float) -> dict[int, bool]:
+    """Stop each agent's whole process group in parallel (SIGTERM, grace, SIGKILL); task index
+    -> True when nothing of it is left."""
+
+    def stop(n: int) -> bool:
+        agent = agents[n]
+        try:
+            return backend.transport(agent.host_index).stop_process_group(agent.pid, grace)
+        except OrchestrateError:
+            return False
+
+    if not agents:
+        return {}
+    return {a.task_index: ok for a, ok in zip(agents, parallel(len(agents), stop), strict=True)}
+
+
+def job_layout(config: ClusterConfig, job_id: str) -> JobLayout:
+    return JobLayout(str(config.job.shared_dir), job_id)

@@ -1,0 +1,108 @@
+"""Streaming task logs: read each task's log from an offset, emit whole lines only, prefixed
+with task and host, never interleaved mid-line; keep a durable copy on the coordinator."""
+
+from __future__ import annotations
+
+import re
+import sys
+import threading
+from pathlib import Path
+from typing import TextIO
+
+from orchestrator.transport.base import Transport
+
+# TensorFlow's C++/absl notices: kept in the task log, hidden on the console unless --verbose.
+_NOISE = re.compile(
+    rb"^([IWE]\d{4} \d\d:\d\d:\d\d|WARNING: All log messages before absl|"
+    rb"To enable the following instructions|oneDNN custom operations|"
+    rb"Could not find cuda drivers|Unable to register cu|"
+    rb"This TensorFlow binary is optimized|Attempting to register factory|"
+    rb"computation placer already registered|To enable them in other operations|"
+    rb"All log messages before absl)"
+)
+
+
+def is_noise(line: bytes) -> bool:
+    return bool(_NOISE.match(line))
+
+
+class LogTailer:
+    """Follows one file on one host by offset; a partial last line waits for its newline."""
+
+    def __init__(self, transport: Transport, path: str, offset: int = 0) -> None:
+        self.transport = transport
+        self.path = path
+        self.offset = offset
+        self._partial = b""
+
+    def poll(self) -> list[bytes]:
+        data = self.transport.read_file(self.path, self.offset)
+        if not data:
+            return []
+        self.offset += len(data)
+        chunk = self._partial + data
+        *lines, self._partial = chunk.split(b"\n")
+        return lines
+
+    def flush(self) -> list[bytes]:
+        """At the end: whatever is left, even without a final newline."""
+        lines = self.poll()
+        if self._partial:
+            lines.append(self._partial)
+            self._partial = b""
+        return lines
+
+
+class LineSink:
+    """Where streamed lines go: a durable per-task copy, and (optionally) the console."""
+
+    def __init__(self, copy_dir: Path, console: TextIO | None, verbose: bool = False) -> None:
+        self.copy_dir = copy_dir
+        self.console = console
+        self.verbose = verbose
+        self._lock = threading.Lock()
+        self._files: dict[int, object] = {}
+        self._color = bool(console is not None and console.isatty())
+        copy_dir.mkdir(parents=True, exist_ok=True)
+
+    def task_lines(self, index: int, host: str, lines: list[bytes]) -> None:
+        if not lines:
+            return
+        with self._lock:
+            fh = self._files.get(index)
+            if fh is None:
+                fh = open(self.copy_dir / f"worker-{index}.log", "ab")  # noqa: SIM115
+                self._files[index] = fh
+            fh.write(b"".join(line + b"\n" for line in lines))  # type: ignore[attr-defined]
+            fh.flush()  # type: ignore[attr-defined]
+            if self.console is None:
+                return
+            prefix = f"[worker-{index} {host}] "
+            if self._color:
+                prefix = f"\x1b[{31 + index % 6}m{prefix}\x1b[0m"
+            shown = [
+                prefix + line.decode(errors="replace")
+                for line in lines
+                if self.verbose or not is_noise(line)
+            ]
+            if shown:
+                # One write per batch: lines from different tasks never mix mid-line.
+                self.console.write("\n".join(shown) + "\n")
+                self.console.flush()
+
+    def info(self, message: str) -> None:
+        if self.console is None:
+            return
+        with self._lock:
+            self.console.write(f"orchestrate: {message}\n")
+            self.console.flush()
+
+    def close(self) -> None:
+        with self._lock:
+            for fh in self._files.values():
+                fh.close()  # type: ignore[attr-defined]
+            self._files.clear()
+
+
+def stderr_sink(copy_dir: Path, verbose: bool) -> LineSink:
+    return LineSink(copy_dir, sys.stdout, verbose)

@@ -1,0 +1,120 @@
+"""Pure planning: config -> ordered task slots -> LaunchPlan -> one TF_CONFIG per task. No I/O.
+
+MWMS facts this module encodes (see docs/design): every task gets the identical `cluster` dict,
+built once in cluster.toml order; `task.index` is the position in that list; with no `chief`
+job, worker 0 is chief.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from orchestrator.config import ClusterConfig, LocalBackend, SshBackend
+
+LOOPBACK = "127.0.0.1"
+LOCAL_HOST_LABEL = "local"
+
+
+@dataclass(frozen=True)
+class HostSlot:
+    """One task's place: which host (by position in cluster.toml) and which slot on it."""
+
+    host_index: int
+    host_label: str
+    address: str
+    slot: int
+
+
+@dataclass(frozen=True)
+class TaskPlan:
+    index: int
+    host_index: int
+    host_label: str
+    address: str
+    port: int | None  # None: probed free on the host at launch (shown in --dry-run only)
+    type: str = "worker"
+
+    @property
+    def endpoint(self) -> str:
+        host = f"[{self.address}]" if ":" in self.address else self.address
+        return f"{host}:{'auto' if self.port is None else self.port}"
+
+    @property
+    def is_chief(self) -> bool:
+        return self.index == 0
+
+    @property
+    def name(self) -> str:
+        return f"{self.type}-{self.index}"
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    job_name: str
+    tasks: tuple[TaskPlan, ...]
+
+    def cluster(self) -> dict[str, list[str]]:
+        return {"worker": [t.endpoint for t in self.tasks]}
+
+    def tf_config(self, index: int) -> dict[str, Any]:
+        task = self.tasks[index]
+        return {"cluster": self.cluster(), "task": {"type": task.type, "index": task.index}}
+
+    def tf_config_json(self, index: int) -> str:
+        return json.dumps(self.tf_config(index), separators=(",", ":"))
+
+
+def task_slots(config: ClusterConfig) -> list[HostSlot]:
+    """One slot per task, in file order: hosts in order, each host's slots consecutive."""
+    backend = config.backend
+    if isinstance(backend, LocalBackend):
+        return [HostSlot(0, LOCAL_HOST_LABEL, LOOPBACK, i) for i in range(backend.workers)]
+    assert isinstance(backend, SshBackend)
+    return [
+        HostSlot(h, host.label, host.address, s)
+        for h, host in enumerate(backend.hosts)
+        for s in range(host.slots)
+    ]
+
+
+def dry_run_plan(config: ClusterConfig) -> LaunchPlan:
+    """The plan as far as it is known without touching a host (auto ports unresolved)."""
+    slots = task_slots(config)
+    return build_plan(config, fixed_ports(config, slots) or [None] * len(slots))
+
+
+def fixed_ports(config: ClusterConfig, slots: Sequence[HostSlot]) -> list[int] | None:
+    """Ports from `ports.base` (base + n for the n-th task on a host), or None to probe."""
+    base = config.ports.base
+    if base == 0:
+        return None
+    per_host: dict[int, int] = {}
+    ports = []
+    for slot in slots:
+        n = per_host.get(slot.host_index, 0)
+        per_host[slot.host_index] = n + 1
+        ports.append(base + n)
+    return ports
+
+
+def build_plan(config: ClusterConfig, ports: Sequence[int | None]) -> LaunchPlan:
+    slots = task_slots(config)
+    if len(ports) != len(slots):
+        raise ValueError(f"need {len(slots)} ports, got {len(ports)}")
+    tasks = tuple(
+        TaskPlan(
+            index=i,
+            host_index=slot.host_index,
+            host_label=slot.host_label,
+            address=slot.address,
+            port=port,
+        )
+        for i, (slot, port) in enumerate(zip(slots, ports, strict=True))
+    )
+    endpoints = [t.endpoint for t in tasks if t.port is not None]
+    if len(set(endpoints)) != len(endpoints):
+        raise ValueError(f"two tasks share an address: {endpoints}")
+    return LaunchPlan(job_name=config.job.name, tasks=tasks)

@@ -1,0 +1,293 @@
+"""Job, task and event state in SQLite (WAL), so any process can read it at any time: during a
+run, from another terminal, and after the coordinator has exited.
+
+The database lives in ORCHESTRATE_HOME (default: the user state directory).
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from orchestrator.errors import JobNotFoundError
+from orchestrator.states import JobState, TaskState
+
+ENV_HOME = "ORCHESTRATE_HOME"
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+    id TEXT PRIMARY KEY,
+    name TEXT NOT NULL,
+    state TEXT NOT NULL,
+    backend TEXT NOT NULL,
+    config_path TEXT NOT NULL,
+    config_json TEXT NOT NULL,
+    job_dir TEXT NOT NULL,
+    created REAL NOT NULL,
+    updated REAL NOT NULL,
+    ended REAL,
+    attempt INTEGER NOT NULL DEFAULT 0,
+    restarts INTEGER NOT NULL DEFAULT 0,
+    last_cause TEXT NOT NULL DEFAULT '',
+    supervisor_pid INTEGER,
+    supervisor_host TEXT NOT NULL DEFAULT ''
+);
+CREATE TABLE IF NOT EXISTS tasks (
+    job_id TEXT NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,
+    idx INTEGER NOT NULL,
+    type TEXT NOT NULL,
+    host_index INTEGER NOT NULL,
+    host TEXT NOT NULL,
+    address TEXT NOT NULL,
+    state TEXT NOT NULL,
+    attempt INTEGER NOT NULL DEFAULT 0,
+    agent_pid INTEGER,
+    trainer_pid INTEGER,
+    exit_code INTEGER,
+    epoch INTEGER NOT NULL DEFAULT 0,
+    step INTEGER NOT NULL DEFAULT 0,
+    loss REAL,
+    steps_per_sec REAL,
+    heartbeat_at REAL,
+    first_step_at REAL,
+    PRIMARY KEY (job_id, idx)
+);
+CREATE TABLE IF NOT EXISTS events (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    job_id TEXT NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,
+    ts REAL NOT NULL,
+    kind TEXT NOT NULL,
+    task INTEGER,
+    message TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS events_by_job ON events(job_id, id);
+"""
+
+
+def orchestrate_home() -> Path:
+    env = os.environ.get(ENV_HOME)
+    if env:
+        return Path(env).expanduser()
+    from platformdirs import user_state_dir  # imported lazily: only when no env is set
+
+    return Path(user_state_dir("orchestrate"))
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    id: str
+    name: str
+    state: JobState
+    backend: str
+    config_path: str
+    config_json: str
+    job_dir: str
+    created: float
+    updated: float
+    ended: float | None = None
+    attempt: int = 0
+    restarts: int = 0
+    last_cause: str = ""
+    supervisor_pid: int | None = None
+    supervisor_host: str = ""
+
+
+@dataclass(frozen=True)
+class TaskRecord:
+    job_id: str
+    idx: int
+    type: str
+    host_index: int
+    host: str
+    address: str
+    state: TaskState
+    attempt: int = 0
+    agent_pid: int | None = None
+    trainer_pid: int | None = None
+    exit_code: int | None = None
+    epoch: int = 0
+    step: int = 0
+    loss: float | None = None
+    steps_per_sec: float | None = None
+    heartbeat_at: float | None = None
+    first_step_at: float | None = None
+
+
+@dataclass(frozen=True)
+class EventRecord:
+    id: int
+    job_id: str
+    ts: float
+    kind: str
+    task: int | None
+    message: str
+
+
+_JOB_COLUMNS = [f.name for f in fields(JobRecord)]
+_TASK_COLUMNS = [f.name for f in fields(TaskRecord)]
+_TASK_UPDATABLE = frozenset(_TASK_COLUMNS) - {"job_id", "idx"}
+_JOB_UPDATABLE = frozenset(_JOB_COLUMNS) - {"id"}
+
+
+def _job(row: sqlite3.Row) -> JobRecord:
+    data = dict(row)
+    data["state"] = JobState(data["state"])
+    return JobRecord(**data)
+
+
+def _task(row: sqlite3.Row) -> TaskRecord:
+    data = dict(row)
+    data["state"] = TaskState(data["state"])
+    return TaskRecord(**data)
+
+
+class Store:
+    def __init__(self, path: Path | None = None) -> None:
+        self.path = path or orchestrate_home() / "state.db"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+        self._db.row_factory = sqlite3.Row
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.execute("PRAGMA foreign_keys=ON")
+        if not self._has_schema():
+            self._db.executescript(_SCHEMA)
+
+    def _has_schema(self) -> bool:
+        row = self._db.execute(
+            "SELECT count(*) FROM sqlite_master WHERE type='table' AND name='events'"
+        ).fetchone()
+        return bool(row[0])
+
+    def close(self) -> None:
+        self._db.close()
+
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield self._db
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
+
+    # --- jobs ---------------------------------------------------------------------------
+    def create_job(self, job: JobRecord, tasks: list[TaskRecord]) -> None:
+        with self._transaction() as db:
+            db.execute(
+                f"INSERT INTO jobs ({', '.join(_JOB_COLUMNS)}) "
+                f"VALUES ({', '.join('?' for _ in _JOB_COLUMNS)})",
+                [getattr(job, c) for c in _JOB_COLUMNS],
+            )
+            self._insert_tasks(db, tasks)
+
+    def replace_tasks(self, job_id: str, tasks: list[TaskRecord]) -> None:
+        """A new plan for the job (first launch or a restart: new ports, new pids)."""
+        with self._transaction() as db:
+            db.execute("DELETE FROM tasks WHERE job_id = ?", (job_id,))
+            self._insert_tasks(db, tasks)
+
+    @staticmethod
+    def _insert_tasks(db: sqlite3.Connection, tasks: list[TaskRecord]) -> None:
+        db.executemany(
+            f"INSERT INTO tasks ({', '.join(_TASK_COLUMNS)}) "
+            f"VALUES ({', '.join('?' for _ in _TASK_COLUMNS)})",
+            [[getattr(t, c) for c in _TASK_COLUMNS] for t in tasks],
+        )
+
+    def update_job(self, job_id: str, **values: Any) -> None:
+        unknown = set(values) - _JOB_UPDATABLE
+        if unknown:
+            raise ValueError(f"not job columns: {sorted(unknown)}")
+        values["updated"] = time.time()
+        state = values.get("state")
+        if isinstance(state, JobState) and state.is_terminal() and "ended" not in values:
+            values["ended"] = values["updated"]
+        assignments = ", ".join(f"{k} = ?" for k in values)
+        self._db.execute(
+            f"UPDATE jobs SET {assignments} WHERE id = ?", [*values.values(), job_id]
+        )
+
+    def get_job(self, ref: str) -> JobRecord:
+        """A job by id, by unique id prefix, or the newest job with that name."""
+        row = self._db.execute("SELECT * FROM jobs WHERE id = ?", (ref,)).fetchone()
+        if row is None:
+            rows = self._db.execute(
+                "SELECT * FROM jobs WHERE id LIKE ? ESCAPE '\\' ORDER BY created DESC",
+                (_like_prefix(ref),),
+            ).fetchall()
+            if len(rows) > 1:
+                raise JobNotFoundError(f"job {ref!r} is ambiguous: {len(rows)} ids start with it")
+            row = rows[0] if rows else None
+        if row is None:
+            row = self._db.execute(
+                "SELECT * FROM jobs WHERE name = ? ORDER BY created DESC LIMIT 1", (ref,)
+            ).fetchone()
+        if row is None:
+            raise JobNotFoundError(f"no job {ref!r} (see `orchestrate status`)")
+        return _job(row)
+
+    def list_jobs(self, limit: int = 50) -> list[JobRecord]:
+        rows = self._db.execute(
+            "SELECT * FROM jobs ORDER BY created DESC LIMIT ?", (limit,)
+        ).fetchall()
+        return [_job(r) for r in rows]
+
+    # --- tasks --------------------------------------------------------------------------
+    def tasks(self, job_id: str) -> list[TaskRecord]:
+        rows = self._db.execute(
+            "SELECT * FROM tasks WHERE job_id = ? ORDER BY idx", (job_id,)
+        ).fetchall()
+        return [_task(r) for r in rows]
+
+    def tasks_for(self, job_ids: list[str]) -> dict[str, list[TaskRecord]]:
+        result: dict[str, list[TaskRecord]] = {j: [] for j in job_ids}
+        if not job_ids:
+            return result
+        marks = ", ".join("?" for _ in job_ids)
+        rows = self._db.execute(
+            f"SELECT * FROM tasks WHERE job_id IN ({marks}) ORDER BY job_id, idx", job_ids
+        ).fetchall()
+        for row in rows:
+            result[row["job_id"]].append(_task(row))
+        return result
+
+    def update_tasks(self, job_id: str, updates: dict[int, dict[str, Any]]) -> None:
+        """Several tasks in one transaction (one fsync per supervisor tick, not one per task)."""
+        if not updates:
+            return
+        with self._transaction() as db:
+            for idx, values in updates.items():
+                unknown = set(values) - _TASK_UPDATABLE
+                if unknown:
+                    raise ValueError(f"not task columns: {sorted(unknown)}")
+                assignments = ", ".join(f"{k} = ?" for k in values)
+                db.execute(
+                    f"UPDATE tasks SET {assignments} WHERE job_id = ? AND idx = ?",
+                    [*values.values(), job_id, idx],
+                )
+
+    # --- events -------------------------------------------------------------------------
+    def add_event(self, job_id: str, kind: str, message: str, task: int | None = None) -> None:
+        self._db.execute(
+            "INSERT INTO events (job_id, ts, kind, task, message) VALUES (?, ?, ?, ?, ?)",
+            (job_id, time.time(), kind, task, message),
+        )
+
+    def events(self, job_id: str) -> list[EventRecord]:
+        rows = self._db.execute(
+            "SELECT * FROM events WHERE job_id = ? ORDER BY id", (job_id,)
+        ).fetchall()
+        return [EventRecord(**dict(r)) for r in rows]
+
+
+def _like_prefix(text: str) -> str:
+    escaped = text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return escaped + "%"

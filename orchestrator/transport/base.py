@@ -1,0 +1,78 @@
+"""The Transport protocol and its small result type."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    host: str
+    argv: tuple[str, ...]
+    exit_code: int
+    stdout: bytes
+    stderr: bytes
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+    def tail(self, lines: int = 3) -> str:
+        """The last lines of stderr (else stdout), for one-line error messages."""
+        text = (self.stderr or self.stdout).decode(errors="replace").strip().splitlines()
+        return " | ".join(text[-lines:])
+
+
+class Transport(Protocol):
+    """What the coordinator may do on one host. Paths are the host's own (POSIX) paths."""
+
+    host_label: str
+
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        stdin: bytes | None = None,
+        timeout: float | None = None,
+    ) -> CommandResult:
+        """Run argv to completion; raise TransportError if the host cannot be reached or the
+        command outlives `timeout`."""
+        ...
+
+    def start_detached(
+        self, argv: Sequence[str], *, log_path: str, env: Mapping[str, str] | None = None
+    ) -> int:
+        """Start argv in a new session (its pid is its process group id), standard streams
+        detached, output to log_path; return its pid at once."""
+        ...
+
+    def put_file(self, path: str, data: bytes, mode: int = 0o600) -> None:
+        """Write data to path (parents created with mode 0700), atomically, with this mode."""
+        ...
+
+    def get_file(self, path: str, local_path: Path) -> None:
+        """Copy one file from the host to this machine."""
+        ...
+
+    def get_tree(self, path: str, local_dir: Path) -> int:
+        """Copy a directory tree from the host; return the number of files copied."""
+        ...
+
+    def read_file(self, path: str, offset: int = 0) -> bytes | None:
+        """The bytes of path from offset to its end; None when the file does not exist."""
+        ...
+
+    def alive_pids(self, pids: Sequence[int]) -> set[int]:
+        """Which of these pids are running processes (zombies are not)."""
+        ...
+
+    def stop_process_group(self, pgid: int, grace: float) -> bool:
+        """SIGTERM the group, wait up to grace seconds, then SIGKILL what is left; True when
+        no process of the group remains."""
+        ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,107 @@
+"""The local transport: the 'host' is this machine. Same contract as SSH, no network."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from orchestrator.errors import TransportError
+from orchestrator.transport.base import CommandResult
+from worker import proctl
+from worker.spec import write_bytes_atomic
+
+
+class LocalTransport:
+    def __init__(self, host_label: str = "local") -> None:
+        self.host_label = host_label
+
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        stdin: bytes | None = None,
+        timeout: float | None = None,
+    ) -> CommandResult:
+        try:
+            proc = subprocess.run(
+                list(argv),
+                input=stdin if stdin is not None else b"",
+                capture_output=True,
+                env=_merged_env(env),
+                timeout=timeout,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            raise TransportError(
+                f"{self.host_label}: command timed out after {timeout:g}s: {argv[0]}"
+            ) from None
+        except OSError as exc:
+            return CommandResult(self.host_label, tuple(argv), 127, b"", str(exc).encode())
+        return CommandResult(
+            self.host_label, tuple(argv), proc.returncode, proc.stdout, proc.stderr
+        )
+
+    def start_detached(
+        self, argv: Sequence[str], *, log_path: str, env: Mapping[str, str] | None = None
+    ) -> int:
+        Path(log_path).parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "ab") as log:
+            try:
+                proc = subprocess.Popen(
+                    list(argv),
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=_merged_env(env),
+                    start_new_session=True,
+                )
+            except OSError as exc:
+                raise TransportError(f"{self.host_label}: cannot start {argv[0]}: {exc}") from None
+        # We are its parent: reap it when it exits so it never lingers as a zombie.
+        threading.Thread(target=proc.wait, name=f"reap-{proc.pid}", daemon=True).start()
+        return proc.pid
+
+    def put_file(self, path: str, data: bytes, mode: int = 0o600) -> None:
+        target = Path(path)
+        target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        write_bytes_atomic(target, data, mode)
+
+    def get_file(self, path: str, local_path: Path) -> None:
+        local_path.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, local_path)
+
+    def get_tree(self, path: str, local_dir: Path) -> int:
+        if not os.path.isdir(path):
+            return 0
+        shutil.copytree(path, local_dir, dirs_exist_ok=True)
+        return sum(len(files) for _, _, files in os.walk(local_dir))
+
+    def read_file(self, path: str, offset: int = 0) -> bytes | None:
+        try:
+            with open(path, "rb") as fh:
+                fh.seek(offset)
+                return fh.read()
+        except FileNotFoundError:
+            return None
+
+    def alive_pids(self, pids: Sequence[int]) -> set[int]:
+        return proctl.alive(pids)
+
+    def stop_process_group(self, pgid: int, grace: float) -> bool:
+        return proctl.stop_group(pgid, grace)
+
+    def close(self) -> None:
+        pass
+
+
+def _merged_env(env: Mapping[str, str] | None) -> dict[str, str] | None:
+    if env is None:
+        return None
+    merged = dict(os.environ)
+    merged.update(env)
+    return merged

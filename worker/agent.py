@@ -1,0 +1,181 @@
+"""The worker agent: `python -m worker.agent SPEC_PATH`.
+
+Started detached (its own session, so its pid is also its process group id). It runs the
+training entrypoint with TF_CONFIG set, sends the trainer's output to the task's log file on the
+shared directory, writes status + heartbeat atomically, forwards SIGTERM to the trainer (grace,
+then SIGKILL), and makes sure the trainer never outlives it (PR_SET_PDEATHSIG).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from types import FrameType
+
+from worker.spec import (
+    ENV_ATTEMPT,
+    ENV_JOB_DIR,
+    ENV_JOB_ID,
+    ENV_PROGRESS_FILE,
+    ENV_TASK_DIR,
+    AgentState,
+    Progress,
+    TaskStatus,
+    WorkerSpec,
+    write_json_atomic,
+)
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """Runs in the trainer between fork and exec: SIGKILL it when the agent dies."""
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def exit_code_of(returncode: int) -> int:
+    """Popen's -N (killed by signal N) becomes the shell convention 128+N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def trainer_env(spec: WorkerSpec) -> dict[str, str]:
+    layout = spec.layout
+    env = dict(os.environ)
+    env.update(spec.env)
+    env.update(
+        {
+            "TF_CONFIG": json.dumps(spec.tf_config, separators=(",", ":")),
+            # tf.keras in TF 2.21 is Keras 3, whose fit() fails under MWMS; use tf-keras.
+            "TF_USE_LEGACY_KERAS": "1",
+            "PYTHONUNBUFFERED": "1",
+            ENV_JOB_ID: spec.job_id,
+            ENV_JOB_DIR: str(layout.root),
+            ENV_TASK_DIR: str(layout.task_dir(spec.task_index)),
+            ENV_PROGRESS_FILE: str(layout.progress_path(spec.task_index)),
+            ENV_ATTEMPT: str(spec.attempt),
+        }
+    )
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+    return env
+
+
+class Agent:
+    def __init__(self, spec: WorkerSpec) -> None:
+        self.spec = spec
+        layout = spec.layout
+        self.status_path = Path(layout.status_path(spec.task_index))
+        self.progress_path = Path(layout.progress_path(spec.task_index))
+        self.log_path = Path(layout.log_path(spec.task_index))
+        self._seq = 0
+        self._stop_requested = threading.Event()
+        self._stop_deadline: float | None = None
+        self._trainer: subprocess.Popen[bytes] | None = None
+
+    def run(self) -> int:
+        spec = self.spec
+        self.status_path.parent.mkdir(parents=True, exist_ok=True)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.progress_path.unlink(missing_ok=True)
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, self._on_stop_signal)
+        self._write_status(AgentState.STARTING)
+
+        with open(self.log_path, "ab", buffering=0) as log:
+            log.write(
+                f"[orchestrate] attempt {spec.attempt}: {spec.task_type}-{spec.task_index} "
+                f"on {spec.host_label} starting\n".encode()
+            )
+            try:
+                self._trainer = subprocess.Popen(
+                    spec.argv,
+                    cwd=spec.workdir,
+                    env=trainer_env(spec),
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    preexec_fn=_die_with_parent,
+                )
+            except OSError as exc:
+                log.write(f"[orchestrate] cannot start trainer: {exc}\n".encode())
+                self._write_status(AgentState.FAILED, exit_code=127, message=str(exc))
+                return 127
+            if self._stop_requested.is_set():  # a stop arrived while we were starting
+                self._forward_stop()
+            code = self._supervise(self._trainer)
+            state = (
+                AgentState.SUCCEEDED
+                if code == 0
+                else AgentState.STOPPED
+                if self._stop_requested.is_set()
+                else AgentState.FAILED
+            )
+            log.write(f"[orchestrate] trainer exited with code {code} ({state})\n".encode())
+        self._write_status(state, exit_code=code)
+        return code
+
+    def _supervise(self, trainer: subprocess.Popen[bytes]) -> int:
+        interval = self.spec.heartbeat_interval
+        while True:
+            self._write_status(AgentState.RUNNING)
+            try:
+                returncode = trainer.wait(timeout=interval)
+                return exit_code_of(returncode)
+            except subprocess.TimeoutExpired:
+                pass
+            if self._stop_deadline is not None and time.monotonic() >= self._stop_deadline:
+                trainer.kill()
+
+    def _on_stop_signal(self, signum: int, frame: FrameType | None) -> None:
+        if not self._stop_requested.is_set():
+            self._stop_requested.set()
+            self._stop_deadline = time.monotonic() + self.spec.stop_grace
+        self._forward_stop()
+
+    def _forward_stop(self) -> None:
+        trainer = self._trainer
+        if trainer is not None and trainer.poll() is None:
+            trainer.send_signal(signal.SIGTERM)
+
+    def _read_progress(self) -> Progress:
+        try:
+            return Progress.model_validate_json(self.progress_path.read_bytes())
+        except (OSError, ValueError):
+            return Progress()
+
+    def _write_status(
+        self, state: AgentState, exit_code: int | None = None, message: str = ""
+    ) -> None:
+        self._seq += 1
+        trainer = self._trainer
+        status = TaskStatus(
+            state=state,
+            seq=self._seq,
+            attempt=self.spec.attempt,
+            agent_pid=os.getpid(),
+            trainer_pid=trainer.pid if trainer is not None else None,
+            exit_code=exit_code,
+            progress=self._read_progress(),
+            message=message,
+        )
+        write_json_atomic(self.status_path, status.model_dump(mode="json"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m worker.agent SPEC_PATH", file=sys.stderr)
+        return 2
+    spec = WorkerSpec.model_validate_json(Path(args[0]).read_bytes())
+    return Agent(spec).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,227 @@
+"""Helpers a training script uses under orchestrate. Importing this module imports TensorFlow.
+
+    from worker import runtime
+    ctx = runtime.task_context()              # reads TF_CONFIG (set by the agent)
+    strategy = runtime.make_strategy(ctx)     # created at program start, before anything else
+    data = runtime.shard_arrays(strategy, ctx, (x, y), global_batch_size=64)
+    with strategy.scope():
+        model = build_and_compile()
+    model.fit(data.dataset, epochs=10, steps_per_epoch=data.steps_per_epoch,
+              callbacks=runtime.callbacks(ctx))
+    runtime.save_model(model, ctx)            # every worker calls it: saving is collective
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+# tf.keras in TF 2.21 is Keras 3, whose fit() fails under MWMS: the legacy tf-keras works. This
+# must be set before TensorFlow is imported.
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from worker.spec import (  # noqa: E402
+    ENV_JOB_DIR,
+    ENV_PROGRESS_FILE,
+    ENV_TASK_DIR,
+    Progress,
+    write_json_atomic,
+)
+
+
+@dataclass(frozen=True)
+class TaskContext:
+    """Who this process is in the cluster and where its files go."""
+
+    task_type: str
+    task_index: int
+    num_workers: int
+    job_dir: Path
+    task_dir: Path
+    progress_file: Path | None
+
+    @property
+    def is_chief(self) -> bool:
+        # With no `chief` job in the cluster, worker 0 is chief (MWMS convention).
+        return self.task_type == "chief" or (self.task_type == "worker" and self.task_index == 0)
+
+    @property
+    def backup_dir(self) -> Path:
+        return self.job_dir / "checkpoints" / "backup"
+
+    @property
+    def model_dir(self) -> Path:
+        return self.job_dir / "model"
+
+
+def task_context(default_dir: str | os.PathLike[str] = "orchestrate-run") -> TaskContext:
+    """Read TF_CONFIG and the agent's environment; outside orchestrate, a single local task."""
+    tf_config = json.loads(os.environ.get("TF_CONFIG", "{}") or "{}")
+    cluster = tf_config.get("cluster", {})
+    task = tf_config.get("task", {})
+    num_workers = len(cluster.get("worker", [])) + len(cluster.get("chief", []))
+    job_dir = Path(os.environ.get(ENV_JOB_DIR, default_dir))
+    task_index = int(task.get("index", 0))
+    task_dir = Path(os.environ.get(ENV_TASK_DIR, job_dir / "tasks" / str(task_index)))
+    progress = os.environ.get(ENV_PROGRESS_FILE)
+    return TaskContext(
+        task_type=task.get("type", "worker"),
+        task_index=task_index,
+        num_workers=max(num_workers, 1),
+        job_dir=job_dir,
+        task_dir=task_dir,
+        progress_file=Path(progress) if progress else None,
+    )
+
+
+def make_strategy(ctx: TaskContext) -> tf.distribute.Strategy:
+    """MultiWorkerMirroredStrategy when TF_CONFIG names a cluster, else the default strategy.
+
+    Create it at program start: MWMS requires TF_CONFIG before any other TensorFlow work.
+    """
+    if "TF_CONFIG" in os.environ and ctx.num_workers >= 1:
+        return tf.distribute.MultiWorkerMirroredStrategy()
+    return tf.distribute.get_strategy()
+
+
+@dataclass(frozen=True)
+class ShardedData:
+    dataset: Any  # a tf.distribute.DistributedDataset
+    steps_per_epoch: int
+    shard_indices: np.ndarray  # rows of the input this worker trains on
+
+
+def shard_arrays(
+    strategy: tf.distribute.Strategy,
+    ctx: TaskContext,
+    arrays: Sequence[np.ndarray],
+    global_batch_size: int,
+    seed: int = 0,
+) -> ShardedData:
+    """Give each worker a disjoint, equal-sized shard of in-memory arrays.
+
+    Equal shards matter: under MWMS every worker must run the same number of steps, or the
+    collectives of the longer one wait forever. Each epoch is one pass over the shard.
+    """
+    num_rows = len(arrays[0])
+    pipelines = ctx.num_workers
+    local_replicas = max(strategy.num_replicas_in_sync // pipelines, 1)
+    per_replica = max(global_batch_size // strategy.num_replicas_in_sync, 1)
+    rows_per_step = per_replica * local_replicas
+    order = np.random.default_rng(seed).permutation(num_rows)
+    shard = order[ctx.task_index :: pipelines]
+    steps = (num_rows // pipelines) // rows_per_step
+    if steps < 1:
+        raise ValueError(
+            f"{num_rows} rows are too few for {pipelines} workers at global batch "
+            f"{global_batch_size}"
+        )
+    shard = shard[: steps * rows_per_step]
+
+    def dataset_fn(input_context: tf.distribute.InputContext) -> tf.data.Dataset:
+        tensors = tuple(a[shard] for a in arrays)
+        ds = tf.data.Dataset.from_tensor_slices(tensors)
+        ds = ds.shuffle(len(shard), seed=seed + ctx.task_index, reshuffle_each_iteration=True)
+        return ds.repeat().batch(per_replica, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+
+    dataset = strategy.distribute_datasets_from_function(dataset_fn)
+    ctx.task_dir.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(ctx.task_dir / "shard.json", {"indices": shard.tolist()})
+    return ShardedData(dataset=dataset, steps_per_epoch=steps, shard_indices=shard)
+
+
+class ProgressReporter(tf.keras.callbacks.Callback):
+    """Reports epoch/step/loss/steps-per-second to the agent through a small JSON file."""
+
+    def __init__(self, path: Path, min_interval: float = 0.5) -> None:
+        super().__init__()
+        self.path = path
+        self.min_interval = min_interval
+        self._epoch = 0
+        self._initial_epoch: int | None = None
+        self._step = 0
+        self._loss: float | None = None
+        self._metrics: dict[str, float] = {}
+        self._last_write = 0.0
+        self._window_start = time.monotonic()
+        self._window_steps = 0
+        self._steps_per_sec: float | None = None
+
+    def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        if self._initial_epoch is None:
+            self._initial_epoch = epoch
+        self._epoch = epoch + 1
+        self._write(force=True)
+
+    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        self._step += 1
+        self._window_steps += 1
+        if logs and "loss" in logs:
+            self._loss = float(logs["loss"])
+        self._write(force=self._step == 1)
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        if logs:
+            self._metrics = {k: float(v) for k, v in logs.items()}
+            self._loss = self._metrics.get("loss", self._loss)
+        self._write(force=True)
+
+    def _write(self, force: bool) -> None:
+        now = time.monotonic()
+        if not force and now - self._last_write < self.min_interval:
+            return
+        elapsed = now - self._window_start
+        if elapsed >= 1.0 and self._window_steps:
+            self._steps_per_sec = self._window_steps / elapsed
+            self._window_start, self._window_steps = now, 0
+        progress = Progress(
+            epoch=self._epoch,
+            step=self._step,
+            loss=self._loss,
+            steps_per_sec=self._steps_per_sec,
+            initial_epoch=self._initial_epoch or 0,
+            metrics=self._metrics,
+        )
+        write_json_atomic(self.path, progress.model_dump(mode="json"))
+        self._last_write = now
+
+
+def callbacks(ctx: TaskContext) -> list[tf.keras.callbacks.Callback]:
+    """BackupAndRestore on the shared directory (resume after a restart) + progress reporting.
+
+    tf-keras's BackupAndRestore is multi-worker aware: the chief writes the backup, the other
+    workers write to temporary directories that it removes.
+    """
+    result: list[tf.keras.callbacks.Callback] = [
+        tf.keras.callbacks.BackupAndRestore(backup_dir=str(ctx.backup_dir))
+    ]
+    if ctx.progress_file is not None:
+        result.append(ProgressReporter(ctx.progress_file))
+    return result
+
+
+def save_model(model: tf.keras.Model, ctx: TaskContext) -> Path | None:
+    """Save the final model. Every worker must call this (saving is collective): the chief saves
+    to the real path, the others to a temporary path that is removed right after."""
+    if ctx.is_chief:
+        model.save(str(ctx.model_dir))
+        return ctx.model_dir
+    scratch = ctx.job_dir / "tmp" / f"{ctx.task_type}-{ctx.task_index}" / "model"
+    model.save(str(scratch))
+    shutil.rmtree(scratch.parent, ignore_errors=True)
+    return None
+
+
+def write_chief_json(ctx: TaskContext, name: str, data: Any) -> None:
+    """Write a small result file once, from the chief only."""
+    if ctx.is_chief:
+        write_json_atomic(ctx.job_dir / name, data)
