@@ -209,45 +209,47 @@ def _job_view(job: JobRecord, tasks: list[TaskRecord], now: float) -> dict[str, 
     }
 
 
-def _render_status(views: list[dict[str, Any]], detailed: bool) -> None:
-    from rich.console import Console
-    from rich.table import Table
+def _table(headers: list[str], rows: list[list[str]]) -> str:
+    """Plain aligned columns: nothing truncated, and no rich import on the status path."""
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+             for row in [headers, *rows]]  # fmt: skip
+    return "\n".join(lines)
 
-    console = Console()
+
+def _render_status(views: list[dict[str, Any]], detailed: bool) -> None:
     if not views:
-        console.print("no jobs yet: orchestrate launch cluster.toml")
+        _echo("no jobs yet: orchestrate launch cluster.toml")
         return
-    jobs = Table(box=None, header_style="bold")
-    for col in ("JOB", "STATE", "BACKEND", "TASKS", "RESTARTS", "WALL", "CAUSE"):
-        jobs.add_column(col)
+    rows = []
     for v in views:
         running = sum(1 for t in v["tasks"] if TaskState(t["state"]).is_running())
         state = v["state"]
         if v["supervisor"]["alive"] is False:
             state += " (supervisor gone)"
-        jobs.add_row(
-            v["id"], state, v["backend"], f"{running}/{len(v['tasks'])} running",
-            str(v["restarts"]), f"{v['wall_seconds']:.0f}s", v["last_cause"],
-        )  # fmt: skip
-    console.print(jobs)
+        rows.append([
+            v["id"], state, v["backend"], f"{running}/{len(v['tasks'])}",
+            str(v["restarts"]), f"{v['wall_seconds']:.0f}s", v["last_cause"] or "-",
+        ])  # fmt: skip
+    _echo(_table(["JOB", "STATE", "BACKEND", "RUNNING", "RESTARTS", "WALL", "LAST CAUSE"], rows))
     if not detailed:
         return
     for v in views:
-        table = Table(box=None, header_style="bold", title=None)
-        for col in ("TASK", "HOST", "ADDRESS", "STATE", "PID", "EPOCH", "STEP", "LOSS",
-                    "STEPS/S", "HEARTBEAT"):  # fmt: skip
-            table.add_column(col)
-        for t in v["tasks"]:
-            table.add_row(
+        rows = [
+            [
                 f"{t['type']}-{t['index']}", t["host"], t["address"],
                 t["state"] + (f" ({t['exit_code']})" if t["exit_code"] else ""),
                 str(t["pid"] or "-"), str(t["epoch"]), str(t["step"]),
                 "-" if t["loss"] is None else f"{t['loss']:.4f}",
                 "-" if t["steps_per_sec"] is None else f"{t['steps_per_sec']:.1f}",
                 "-" if t["heartbeat_age"] is None else f"{t['heartbeat_age']:.1f}s ago",
-            )  # fmt: skip
-        console.print()
-        console.print(table)
+            ]  # fmt: skip
+            for t in v["tasks"]
+        ]
+        headers = ["TASK", "HOST", "ADDRESS", "STATE", "PID", "EPOCH", "STEP", "LOSS",
+                   "STEPS/S", "HEARTBEAT"]  # fmt: skip
+        _echo()
+        _echo(_table(headers, rows))
 
 
 @app.command()
@@ -378,7 +380,8 @@ def collect(
 def main() -> None:
     """Entry point: one-line errors, exit codes from errors.exit_code_for, never a traceback."""
     try:
-        app(standalone_mode=False)
+        # standalone_mode=False: click returns typer.Exit's code instead of exiting itself.
+        code = app(standalone_mode=False)
     except OrchestrateError as exc:
         sys.stderr.write(f"error: {exc}\n")
         sys.exit(exit_code_for(exc))
@@ -397,4 +400,4 @@ def main() -> None:
             sys.exit(exc.exit_code)
         sys.stderr.write(f"error: {type(exc).__name__}: {exc}\n")
         sys.exit(1)
-    sys.exit(0)
+    sys.exit(code if isinstance(code, int) else 0)

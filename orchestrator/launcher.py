@@ -17,6 +17,7 @@ from orchestrator.plan import LaunchPlan, build_plan, fixed_ports, task_slots
 from worker.spec import JobLayout, WorkerSpec
 
 PROBE_TIMEOUT = 60.0
+AGENT_STOP_MARGIN = 2.0
 _T = TypeVar("_T")
 
 
@@ -241,7 +242,10 @@ def stop_agents(backend: Backend, agents: Sequence[AgentRef], grace: float) -> d
     def stop(n: int) -> bool:
         agent = agents[n]
         try:
-            return backend.transport(agent.host_index).stop_process_group(agent.pid, grace)
+            # The agent escalates to SIGKILL itself after `grace` and writes a final status;
+            # our own SIGKILL comes a little later, for an agent that cannot.
+            transport = backend.transport(agent.host_index)
+            return transport.stop_process_group(agent.pid, grace + AGENT_STOP_MARGIN)
         except OrchestrateError:
             return False
 

@@ -216,8 +216,12 @@ class Store:
         )
 
     def get_job(self, ref: str) -> JobRecord:
-        """A job by id, by unique id prefix, or the newest job with that name."""
+        """A job by id, the newest job with that name, or a unique id prefix."""
         row = self._db.execute("SELECT * FROM jobs WHERE id = ?", (ref,)).fetchone()
+        if row is None:
+            row = self._db.execute(
+                "SELECT * FROM jobs WHERE name = ? ORDER BY created DESC LIMIT 1", (ref,)
+            ).fetchone()
         if row is None:
             rows = self._db.execute(
                 "SELECT * FROM jobs WHERE id LIKE ? ESCAPE '\\' ORDER BY created DESC",
@@ -226,10 +230,6 @@ class Store:
             if len(rows) > 1:
                 raise JobNotFoundError(f"job {ref!r} is ambiguous: {len(rows)} ids start with it")
             row = rows[0] if rows else None
-        if row is None:
-            row = self._db.execute(
-                "SELECT * FROM jobs WHERE name = ? ORDER BY created DESC LIMIT 1", (ref,)
-            ).fetchone()
         if row is None:
             raise JobNotFoundError(f"no job {ref!r} (see `orchestrate status`)")
         return _job(row)

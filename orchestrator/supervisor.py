@@ -289,6 +289,7 @@ class Supervisor:
         self._observe(plan, agents, watch)
 
     def _stop_all(self, plan: LaunchPlan, agents: list[AgentRef], watch: _Watch) -> None:
+        running_before = {t.idx for t in self.store.tasks(self.job.id) if not t.state.is_terminal()}
         results = stop_agents(self.backend, agents, self.config.supervision.stop_grace)
         self._observe(plan, agents, watch)  # final statuses (exit codes) after the stop
         for agent in agents:
@@ -298,13 +299,14 @@ class Supervisor:
         stuck = [i for i, ok in results.items() if not ok]
         if stuck:
             self.store.add_event(self.job.id, "stop_failed", f"could not stop tasks {stuck}")
-        # A task that never wrote a final status is stopped now, not running.
+        # We stopped them: a task without a final status of its own is stopped, not lost.
         self.store.update_tasks(
             self.job.id,
             {
                 t.idx: {"state": TaskState.STOPPED}
                 for t in self.store.tasks(self.job.id)
-                if not t.state.is_terminal()
+                if t.idx in running_before
+                and (not t.state.is_terminal() or t.state == TaskState.LOST)
             },
         )
 

@@ -1,0 +1,97 @@
+"""Shared fixtures: an isolated ORCHESTRATE_HOME, cluster.toml writers, CLI runners."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+@dataclass(frozen=True)
+class CliResult:
+    code: int
+    out: str
+    err: str
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A private state directory for this test (the store and the coordinator's job files)."""
+    path = tmp_path / "home"
+    monkeypatch.setenv("ORCHESTRATE_HOME", str(path))
+    return path
+
+
+@pytest.fixture
+def cli(home: Path) -> Callable[..., CliResult]:
+    """Run the real `orchestrate` entry point in a subprocess, as a user would."""
+
+    def run(*args: str, timeout: float = 240, env: dict[str, str] | None = None) -> CliResult:
+        proc = subprocess.run(
+            [sys.executable, "-m", "orchestrator", *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env={**os.environ, **(env or {})},
+            cwd=REPO,
+            check=False,
+        )
+        return CliResult(proc.returncode, proc.stdout, proc.stderr)
+
+    return run
+
+
+@pytest.fixture
+def write_config(tmp_path: Path) -> Callable[[str], Path]:
+    def write(text: str, name: str = "cluster.toml") -> Path:
+        path = tmp_path / name
+        path.write_text(textwrap.dedent(text))
+        return path
+
+    return write
+
+
+def status_json(run: Callable[..., CliResult], job: str | None = None) -> dict:
+    result = run("status", *([job] if job else []), "--json")
+    assert result.code == 0, result.err
+    return json.loads(result.out)
+
+
+def wait_for(predicate: Callable[[], object], timeout: float, interval: float = 0.2) -> object:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"condition not met within {timeout}s")
+
+
+@pytest.fixture
+def reap_pids() -> Iterator[list[int]]:
+    """Pids a test started (directly or through orchestrate): SIGKILLed at teardown if alive."""
+    pids: list[int] = []
+    yield pids
+    from worker.proctl import is_alive
+
+    for pid in pids:
+        if is_alive(pid):
+            try:
+                os.killpg(pid, 9)
+            except OSError:
+                pass
+            try:
+                os.kill(pid, 9)
+            except OSError:
+                pass

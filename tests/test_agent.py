@@ -1,0 +1,106 @@
+"""The real agent process with a stand-in trainer: status, exit codes, signals, no orphans."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import wait_for
+from worker.proctl import is_alive
+from worker.spec import AgentState, TaskStatus, WorkerSpec
+
+FAKE = Path(__file__).parent / "fixtures" / "fake_trainer.py"
+
+
+def _start(tmp_path: Path, mode: str, grace: float = 5.0) -> tuple[subprocess.Popen[bytes], WorkerSpec]:
+    spec = WorkerSpec(
+        job_id="job-1", task_index=0, host_label="local",
+        tf_config={"cluster": {"worker": ["127.0.0.1:1"]}, "task": {"type": "worker", "index": 0}},
+        argv=[sys.executable, str(FAKE), "--mode", mode], env={"NASTY": "a'b"},
+        workdir=str(tmp_path), shared_dir=str(tmp_path / "shared"),
+        heartbeat_interval=0.1, stop_grace=grace,
+    )  # fmt: skip
+    spec_path = tmp_path / "spec.json"
+    spec_path.write_text(spec.model_dump_json())
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "worker.agent", str(spec_path)], start_new_session=True
+    )
+    return proc, spec
+
+
+def _status(spec: WorkerSpec) -> TaskStatus | None:
+    path = Path(spec.layout.status_path(0))
+    return TaskStatus.model_validate_json(path.read_bytes()) if path.exists() else None
+
+
+def _trainer_pid(spec: WorkerSpec) -> int:
+    path = Path(spec.layout.task_dir(0)) / "trainer.pid"
+    wait_for(path.exists, 20)
+    return int(path.read_text())
+
+
+def test_success_writes_final_status_log_and_progress(tmp_path: Path) -> None:
+    proc, spec = _start(tmp_path, "ok")
+    assert proc.wait(timeout=30) == 0
+    status = _status(spec)
+    assert status is not None
+    assert status.state == AgentState.SUCCEEDED and status.exit_code == 0
+    assert status.progress.step == 5 and status.progress.loss == 0.25
+    assert status.seq >= 2
+    log = Path(spec.layout.log_path(0)).read_text()
+    assert "env=\"a'b\"" in log and "partial line without newline... completed" in log
+    assert "trainer exited with code 0" in log
+
+
+def test_failure_exit_code_is_propagated(tmp_path: Path) -> None:
+    proc, spec = _start(tmp_path, "fail:7")
+    assert proc.wait(timeout=30) == 7
+    status = _status(spec)
+    assert status is not None and status.state == AgentState.FAILED and status.exit_code == 7
+
+
+def test_sigterm_is_forwarded_and_escalates_to_sigkill(tmp_path: Path) -> None:
+    proc, spec = _start(tmp_path, "ignore-term", grace=1.0)
+    try:
+        trainer = _trainer_pid(spec)
+        wait_for(lambda: (s := _status(spec)) and s.state == AgentState.RUNNING, 10)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=15) == 128 + signal.SIGKILL
+        assert not is_alive(trainer)
+        status = _status(spec)
+        assert status is not None and status.state == AgentState.STOPPED
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_trainer_dies_with_a_sigkilled_agent(tmp_path: Path) -> None:
+    proc, spec = _start(tmp_path, "sleep")
+    trainer = _trainer_pid(spec)
+    try:
+        assert is_alive(trainer)
+        proc.kill()
+        proc.wait(timeout=10)
+        wait_for(lambda: not is_alive(trainer), 10)
+    finally:
+        if is_alive(trainer):
+            os.kill(trainer, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("bad_argv", [["/no/such/python"]])
+def test_unstartable_trainer_fails_cleanly(tmp_path: Path, bad_argv: list[str]) -> None:
+    spec = WorkerSpec(
+        job_id="job-2", task_index=0, host_label="local", tf_config={}, argv=bad_argv,
+        workdir=str(tmp_path), shared_dir=str(tmp_path / "shared"),
+    )  # fmt: skip
+    spec_path = tmp_path / "spec.json"
+    spec_path.write_text(spec.model_dump_json())
+    code = subprocess.call([sys.executable, "-m", "worker.agent", str(spec_path)], timeout=30)
+    assert code == 127
+    assert (s := _status(spec)) is not None and s.state == AgentState.FAILED
+    assert "cannot start trainer" in Path(spec.layout.log_path(0)).read_text()

@@ -1,0 +1,201 @@
+"""The real CLI in a subprocess: bad input, dry runs, and whole jobs with a stand-in trainer."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, CliResult, status_json, wait_for
+from worker.proctl import is_alive
+
+FAKE = Path(__file__).parent / "fixtures" / "fake_trainer.py"
+
+
+def fake_job(tmp_path: Path, args: list[str], workers: int = 2, extra: str = "") -> str:
+    shared = tmp_path / "shared"
+    shared.mkdir(exist_ok=True)
+    return f"""
+[job]
+name = "fake"
+shared_dir = "{shared}"
+
+[entrypoint]
+script = "{FAKE}"
+args = {json.dumps(args)}
+env = {{ NASTY = "; $(x) ' \\" \\\\ and spaces" }}
+
+[backend]
+type = "local"
+workers = {workers}
+
+[supervision]
+heartbeat_interval = 0.2
+stop_grace = 2.0
+poll_interval = 0.1
+{extra}
+"""
+
+
+def test_importing_the_cli_and_running_status_never_imports_tensorflow(home: Path) -> None:
+    probe = "import sys, orchestrator.cli; print('tensorflow' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+    trace = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "orchestrator", "status"],
+        capture_output=True, text=True, check=True, cwd=REPO,
+    )  # fmt: skip
+    imported = {line.split("|")[-1].strip() for line in trace.stderr.splitlines()}
+    assert "orchestrator.cli" in imported
+    assert not {m for m in imported if m.startswith(("tensorflow", "keras", "paramiko"))}
+
+
+BAD_INPUTS = {
+    "missing file": (None, "no such file"),
+    "a directory": ("DIR", "is a directory"),
+    "invalid TOML": ("[job\nname = 1\n", "invalid TOML"),
+    "empty file": ("  \n", "file is empty"),
+    "unknown key": ("EXTRA", "job.colour: unknown key"),
+    "wrong type": ("workers = 'two'", "backend.workers: Input should be a valid integer"),
+    "zero workers": ("workers = 0", "backend.workers: must be >= 1 (got 0)"),
+    "duplicate host": ("DUP", "backend.hosts[1].address: duplicate host 10.77.0.1:22"),
+    "missing entrypoint": ("NOENTRY", "entrypoint: required key is missing"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUTS))
+@pytest.mark.parametrize("command", ["launch", "validate"])
+def test_bad_input_is_one_line_exit_2_and_starts_nothing(
+    case: str, command: str, tmp_path: Path, home: Path, cli: Callable[..., CliResult]
+) -> None:
+    edit, expected = BAD_INPUTS[case]
+    good = fake_job(tmp_path, ["--mode", "ok"])
+    path = tmp_path / "cluster.toml"
+    if edit is None:
+        pass  # not written
+    elif edit == "DIR":
+        path = tmp_path / "shared"
+    elif edit == "EXTRA":
+        path.write_text(good.replace('name = "fake"', 'name = "fake"\ncolour = "red"'))
+    elif edit == "DUP":
+        path.write_text(
+            good.replace('type = "local"\nworkers = 2', 'type = "ssh"\n'
+                         '[[backend.hosts]]\naddress = "10.77.0.1"\n'
+                         '[[backend.hosts]]\naddress = "10.77.0.1"\n')  # fmt: skip
+        )
+    elif edit == "NOENTRY":
+        start = good.index("[entrypoint]")
+        path.write_text(good[:start] + good[good.index("[backend]") :])
+    elif edit.startswith("workers"):
+        path.write_text(good.replace("workers = 2", edit))
+    else:
+        path.write_text(edit)
+    result = cli(command, str(path))
+    assert result.code == 2, result
+    assert result.err.count("\n") == 1 and result.err.startswith("error: "), result.err
+    assert expected in result.err
+    assert "Traceback" not in result.err + result.out
+    assert status_json(cli)["jobs"] == []  # nothing recorded
+    assert list((tmp_path / "shared").iterdir()) == []  # nothing started or written
+
+
+def test_unknown_job_and_usage_errors_exit_2(cli: Callable[..., CliResult]) -> None:
+    for args in (["status", "nope"], ["stop", "nope"], ["logs", "nope"], ["launch"]):
+        result = cli(*args)
+        assert result.code == 2, (args, result)
+        assert "Traceback" not in result.err
+
+
+def test_validate_and_dry_run_print_every_tf_config(
+    tmp_path: Path, cli: Callable[..., CliResult]
+) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text(fake_job(tmp_path, [], workers=3, extra="[ports]\nbase = 23000\n")
+                    .replace("[supervision]", "[supervision]"))  # fmt: skip
+    path.write_text(path.read_text().replace("poll_interval = 0.1\n[ports]", "poll_interval = 0.1\n\n[ports]"))
+    assert cli("validate", str(path)).out.startswith(f"{path}: ok: job 'fake', local backend, 3 task(s)")
+    result = cli("launch", "--dry-run", str(path))
+    assert result.code == 0, result.err
+    configs = [json.loads(line.split("TF_CONFIG=", 1)[1]) for line in result.out.splitlines()
+               if "TF_CONFIG=" in line]  # fmt: skip
+    cluster = {"worker": ["127.0.0.1:23000", "127.0.0.1:23001", "127.0.0.1:23002"]}
+    assert configs == [{"cluster": cluster, "task": {"type": "worker", "index": i}} for i in range(3)]
+    assert status_json(cli)["jobs"] == []
+    assert list((tmp_path / "shared").iterdir()) == []
+
+
+def _job_pids(job: dict, shared: Path) -> list[int]:
+    pids = [t["agent_pid"] for t in job["tasks"] if t["agent_pid"]]
+    for pidfile in shared.glob(f"{job['id']}/tasks/*/trainer.pid"):
+        pids.append(int(pidfile.read_text()))
+    return pids
+
+
+def test_a_failing_task_stops_the_group_and_fails_the_job(
+    tmp_path: Path, cli: Callable[..., CliResult], reap_pids: list[int]
+) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text(fake_job(tmp_path, ["--mode", "sleep", "--task-1", "fail:3"]))
+    result = cli("launch", str(path), timeout=60)
+    assert result.code == 1, result
+    [job] = status_json(cli)["jobs"]
+    pids = _job_pids(job, tmp_path / "shared")
+    reap_pids.extend(pids)
+    assert job["state"] == "failed"
+    assert job["last_cause"] == "worker-1 exited with code 3"
+    states = {t["index"]: (t["state"], t["exit_code"]) for t in job["tasks"]}
+    assert states[1] == ("failed", 3)
+    assert states[0][0] == "stopped"
+    assert len(pids) == 4 and not [p for p in pids if is_alive(p)]
+    assert "[worker-1 local] task 1 mode fail:3" in result.out
+    assert "[worker-0 local] task 0 mode sleep" in result.out
+
+
+def test_successful_job_streams_whole_prefixed_lines_with_args_byte_for_byte(
+    tmp_path: Path, cli: Callable[..., CliResult], home: Path
+) -> None:
+    nasty = ["; echo pwned", "$(id)", "it's", 'a "b"', "c\\d", "e f"]
+    path = tmp_path / "c.toml"
+    path.write_text(fake_job(tmp_path, ["--mode", "ok", *nasty]))
+    result = cli("launch", str(path), timeout=60)
+    assert result.code == 0, result
+    for i in (0, 1):
+        assert f"[worker-{i} local] task {i} mode ok argv={['--mode', 'ok', *nasty]!r}" in result.out
+        assert f"[worker-{i} local] partial line without newline... completed" in result.out
+    assert "env=" + json.dumps("; $(x) ' \" \\ and spaces") in result.out
+    [job] = status_json(cli)["jobs"]
+    assert job["state"] == "succeeded" and job["last_cause"] == "chief exited 0"
+    assert [t["step"] for t in job["tasks"]] == [5, 5]
+    logs = cli("logs", job["id"], "--task", "1")
+    assert logs.code == 0 and "task 1 mode ok" in logs.out and "task 0 mode" not in logs.out
+    # The coordinator keeps durable copies of every task's log.
+    copies = sorted(p.name for p in (home / "jobs" / job["id"] / "logs").iterdir())
+    assert copies == ["worker-0.log", "worker-1.log"]
+
+
+def test_detach_then_stop_leaves_no_process(
+    tmp_path: Path, cli: Callable[..., CliResult], reap_pids: list[int]
+) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text(fake_job(tmp_path, ["--mode", "ignore-term"]))
+    result = cli("launch", "--detach", str(path))
+    assert result.code == 0, result
+    job = status_json(cli)["jobs"][0]
+    reap_pids.append(job["supervisor"]["pid"])
+    wait_for(lambda: len(list((tmp_path / "shared").glob("*/tasks/*/trainer.pid"))) == 2, 30)
+    job = status_json(cli)["jobs"][0]
+    assert job["state"] == "running" and job["supervisor"]["alive"] is True
+    pids = _job_pids(job, tmp_path / "shared")
+    reap_pids.extend(pids)
+    assert len(pids) == 4 and all(is_alive(p) for p in pids)
+    stopped = cli("stop", job["id"])
+    assert stopped.code == 0, stopped
+    assert not [p for p in pids if is_alive(p)]
+    job = status_json(cli)["jobs"][0]
+    assert job["state"] == "stopped"
+    assert {t["state"] for t in job["tasks"]} == {"stopped"}
+    wait_for(lambda: not is_alive(job["supervisor"]["pid"]), 10)

@@ -1,0 +1,64 @@
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from orchestrator.errors import JobNotFoundError
+from orchestrator.states import JobState, TaskState
+from orchestrator.store import JobRecord, Store, TaskRecord
+
+
+def _job(job_id: str, name: str = "n", created: float | None = None) -> JobRecord:
+    now = created or time.time()
+    return JobRecord(
+        id=job_id, name=name, state=JobState.PENDING, backend="local", config_path="c.toml",
+        config_json="{}", job_dir="/x", created=now, updated=now,
+    )  # fmt: skip
+
+
+def _tasks(job_id: str, n: int) -> list[TaskRecord]:
+    return [
+        TaskRecord(job_id=job_id, idx=i, type="worker", host_index=0, host="local",
+                   address=f"127.0.0.1:{4000 + i}", state=TaskState.PENDING)
+        for i in range(n)
+    ]  # fmt: skip
+
+
+def test_roundtrip_lookup_and_updates(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s.db")
+    store.create_job(_job("alpha-1", "alpha", 1.0), _tasks("alpha-1", 2))
+    store.create_job(_job("alpha-2", "alpha", 2.0), _tasks("alpha-2", 1))
+    assert store.get_job("alpha-2").id == "alpha-2"
+    assert store.get_job("alpha").id == "alpha-2"  # a name means its newest job
+    with pytest.raises(JobNotFoundError, match="ambiguous"):
+        store.get_job("alpha-")
+    with pytest.raises(JobNotFoundError, match="no job 'zzz'"):
+        store.get_job("zzz")
+    store.update_tasks("alpha-1", {1: {"state": TaskState.RUNNING, "step": 7, "loss": 0.5}})
+    t = store.tasks("alpha-1")[1]
+    assert (t.state, t.step, t.loss) == (TaskState.RUNNING, 7, 0.5)
+    store.update_job("alpha-1", state=JobState.SUCCEEDED, last_cause="chief exited 0")
+    job = store.get_job("alpha-1")
+    assert job.state == JobState.SUCCEEDED and job.ended is not None
+    store.add_event("alpha-1", "succeeded", "chief exited 0")
+    assert [e.kind for e in store.events("alpha-1")] == ["succeeded"]
+    with pytest.raises(ValueError):
+        store.update_tasks("alpha-1", {0: {"no_such_column": 1}})
+
+
+def test_another_process_reads_while_this_one_holds_a_connection(tmp_path: Path) -> None:
+    """WAL: a second process sees committed state at any time."""
+    db = tmp_path / "s.db"
+    store = Store(db)
+    store.create_job(_job("j-1"), _tasks("j-1", 2))
+    store.update_tasks("j-1", {0: {"step": 42}})
+    code = (
+        "import sys; from pathlib import Path; from orchestrator.store import Store; "
+        f"print(Store(Path({str(db)!r})).tasks('j-1')[0].step)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "42"

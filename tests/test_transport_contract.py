@@ -1,0 +1,132 @@
+"""The transport contract. The same assertions run against every transport: the local one here,
+the SSH one against the namespaced test bed (see test_ssh.py, which reuses these checks)."""
+
+from __future__ import annotations
+
+import os
+import stat
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from orchestrator.errors import TransportError
+from orchestrator.transport.base import Transport
+from orchestrator.transport.local import LocalTransport
+from worker import proctl
+
+NASTY = ["; echo pwned", "$(touch /tmp/x)", "`id`", "it's", 'say "hi"', "back\\slash", "a b  c", ""]
+PY = sys.executable
+
+
+def check_argv_and_env_arrive_byte_for_byte(t: Transport, python: str) -> None:
+    code = "import os, sys, json; print(json.dumps([sys.argv[1:], os.environ['NASTY']]))"
+    result = t.run([python, "-c", code, *NASTY], env={"NASTY": " ; $(x) ' \" \\ `y`"})
+    assert result.ok, result.tail()
+    import json
+
+    argv, env = json.loads(result.stdout)
+    assert argv == NASTY
+    assert env == " ; $(x) ' \" \\ `y`"
+
+
+def check_stdin_exit_code_and_stderr(t: Transport, python: str) -> None:
+    code = "import sys; d=sys.stdin.buffer.read(); sys.stdout.buffer.write(d[::-1]); " \
+           "sys.stderr.write('oops'); sys.exit(3)"  # fmt: skip
+    result = t.run([python, "-c", code], stdin=b"abc\x00\xff")
+    assert result.exit_code == 3 and not result.ok
+    assert result.stdout == b"\xff\x00cba"
+    assert result.stderr == b"oops" and result.tail() == "oops"
+
+
+def check_timeout_raises(t: Transport, python: str) -> None:
+    start = time.monotonic()
+    with pytest.raises(TransportError, match="timed out"):
+        t.run([python, "-c", "import time; time.sleep(30)"], timeout=1.0)
+    assert time.monotonic() - start < 10
+
+
+def check_files(t: Transport, remote_dir: str, local_dir: Path) -> None:
+    path = f"{remote_dir}/deep/er/spec.json"
+    t.put_file(path, b"secret\n", mode=0o600)
+    assert t.read_file(path) == b"secret\n"
+    assert t.read_file(path, offset=3) == b"ret\n"
+    assert t.read_file(path, offset=7) == b""
+    assert t.read_file(f"{remote_dir}/missing") is None
+    t.get_file(path, local_dir / "copy.json")
+    assert (local_dir / "copy.json").read_bytes() == b"secret\n"
+    mode = t.run(["stat", "-c", "%a", path]).stdout.strip()
+    assert mode == b"600"
+    assert t.get_tree(f"{remote_dir}/deep", local_dir / "tree") == 1
+    assert (local_dir / "tree" / "er" / "spec.json").read_bytes() == b"secret\n"
+
+
+def check_detached_start_and_group_stop(t: Transport, python: str, remote_dir: str) -> None:
+    # A parent that ignores SIGTERM with a child that also ignores it: only SIGKILL ends them.
+    code = (
+        "import signal, subprocess, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        "subprocess.Popen([sys.executable, '-c', 'import signal,time; "
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN); print(\"child up\", flush=True); "
+        "time.sleep(300)']); time.sleep(300)"
+    )
+    log = f"{remote_dir}/detached.log"
+    start = time.monotonic()
+    pid = t.start_detached([python, "-c", code], log_path=log)
+    assert time.monotonic() - start < 5  # returns at once, not when the command ends
+    deadline = time.monotonic() + 20
+    while b"child up" not in (t.read_file(log) or b"") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert b"child up" in (t.read_file(log) or b"")
+    assert t.alive_pids([pid]) == {pid}
+    assert t.stop_process_group(pid, grace=0.5) is True
+    assert t.alive_pids([pid]) == set()
+
+
+@pytest.fixture
+def local() -> LocalTransport:
+    return LocalTransport()
+
+
+def test_local_argv_and_env(local: LocalTransport) -> None:
+    check_argv_and_env_arrive_byte_for_byte(local, PY)
+
+
+def test_local_stdin_exit_code(local: LocalTransport) -> None:
+    check_stdin_exit_code_and_stderr(local, PY)
+
+
+def test_local_timeout(local: LocalTransport) -> None:
+    check_timeout_raises(local, PY)
+
+
+def test_local_files(local: LocalTransport, tmp_path: Path) -> None:
+    check_files(local, str(tmp_path / "remote"), tmp_path / "local")
+
+
+def test_local_detached_and_stop(local: LocalTransport, tmp_path: Path) -> None:
+    check_detached_start_and_group_stop(local, PY, str(tmp_path))
+
+
+def test_detached_process_is_its_own_session(local: LocalTransport, tmp_path: Path) -> None:
+    pid = local.start_detached([PY, "-c", "import time; time.sleep(60)"], log_path=str(tmp_path / "l"))
+    try:
+        assert os.getsid(pid) == pid and os.getpgid(pid) == pid
+        assert stat.S_ISREG(os.stat(tmp_path / "l").st_mode)
+    finally:
+        assert local.stop_process_group(pid, grace=2)
+
+
+def test_zombies_are_not_alive() -> None:
+    import subprocess
+
+    child = subprocess.Popen([PY, "-c", "pass"])
+    time.sleep(0.5)  # exited but not yet reaped: a zombie
+    assert proctl.alive([child.pid]) == set()
+    child.wait()
+
+
+def test_refuses_to_signal_init_or_everything() -> None:
+    for pgid in (0, 1, -1):
+        with pytest.raises(ValueError):
+            proctl.stop_group(pgid, 0.1)
