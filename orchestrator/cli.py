@@ -46,8 +46,10 @@ def validate(config: ConfigArg) -> None:
     cfg = load_config(config)
     plan = dry_run_plan(cfg)
     hosts = len({t.host_index for t in plan.tasks})
-    _echo(f"{config}: ok: job {cfg.job.name!r}, {cfg.backend.type} backend, "
-          f"{len(plan.tasks)} task(s) on {hosts} host(s)")  # fmt: skip
+    _echo(
+        f"{config}: ok: job {cfg.job.name!r}, {cfg.backend.type} backend, "
+        f"{len(plan.tasks)} task(s) on {hosts} host(s)"
+    )
 
 
 @app.command()
@@ -93,12 +95,16 @@ def _print_dry_run(cfg: Any) -> None:
     from orchestrator.plan import dry_run_plan
 
     plan = dry_run_plan(cfg)
-    _echo(f"job {cfg.job.name}: {len(plan.tasks)} task(s), {cfg.backend.type} backend, "
-          f"shared_dir {cfg.job.shared_dir}")  # fmt: skip
+    _echo(
+        f"job {cfg.job.name}: {len(plan.tasks)} task(s), {cfg.backend.type} backend, "
+        f"shared_dir {cfg.job.shared_dir}"
+    )
     _echo(f"trainer: {' '.join(trainer_argv(cfg, '<python>'))}")
     for task in plan.tasks:
-        _echo(f"worker-{task.index} on {task.host_label} ({task.endpoint})"
-              f"{' chief' if task.is_chief else ''}")  # fmt: skip
+        _echo(
+            f"worker-{task.index} on {task.host_label} ({task.endpoint})"
+            f"{' chief' if task.is_chief else ''}"
+        )
         _echo(f"  TF_CONFIG={plan.tf_config_json(task.index)}")
     if any(t.port is None for t in plan.tasks):
         _echo("(auto ports are probed free on each host at launch)")
@@ -212,8 +218,10 @@ def _job_view(job: JobRecord, tasks: list[TaskRecord], now: float) -> dict[str, 
 def _table(headers: list[str], rows: list[list[str]]) -> str:
     """Plain aligned columns: nothing truncated, and no rich import on the status path."""
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
-             for row in [headers, *rows]]  # fmt: skip
+    lines = [
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+        for row in [headers, *rows]
+    ]
     return "\n".join(lines)
 
 
@@ -227,27 +235,48 @@ def _render_status(views: list[dict[str, Any]], detailed: bool) -> None:
         state = v["state"]
         if v["supervisor"]["alive"] is False:
             state += " (supervisor gone)"
-        rows.append([
-            v["id"], state, v["backend"], f"{running}/{len(v['tasks'])}",
-            str(v["restarts"]), f"{v['wall_seconds']:.0f}s", v["last_cause"] or "-",
-        ])  # fmt: skip
+        rows.append(
+            [
+                v["id"],
+                state,
+                v["backend"],
+                f"{running}/{len(v['tasks'])}",
+                str(v["restarts"]),
+                f"{v['wall_seconds']:.0f}s",
+                v["last_cause"] or "-",
+            ]
+        )
     _echo(_table(["JOB", "STATE", "BACKEND", "RUNNING", "RESTARTS", "WALL", "LAST CAUSE"], rows))
     if not detailed:
         return
     for v in views:
         rows = [
             [
-                f"{t['type']}-{t['index']}", t["host"], t["address"],
+                f"{t['type']}-{t['index']}",
+                t["host"],
+                t["address"],
                 t["state"] + (f" ({t['exit_code']})" if t["exit_code"] else ""),
-                str(t["pid"] or "-"), str(t["epoch"]), str(t["step"]),
+                str(t["pid"] or "-"),
+                str(t["epoch"]),
+                str(t["step"]),
                 "-" if t["loss"] is None else f"{t['loss']:.4f}",
                 "-" if t["steps_per_sec"] is None else f"{t['steps_per_sec']:.1f}",
                 "-" if t["heartbeat_age"] is None else f"{t['heartbeat_age']:.1f}s ago",
-            ]  # fmt: skip
+            ]
             for t in v["tasks"]
         ]
-        headers = ["TASK", "HOST", "ADDRESS", "STATE", "PID", "EPOCH", "STEP", "LOSS",
-                   "STEPS/S", "HEARTBEAT"]  # fmt: skip
+        headers = [
+            "TASK",
+            "HOST",
+            "ADDRESS",
+            "STATE",
+            "PID",
+            "EPOCH",
+            "STEP",
+            "LOSS",
+            "STEPS/S",
+            "HEARTBEAT",
+        ]
         _echo()
         _echo(_table(headers, rows))
 
@@ -282,7 +311,9 @@ def logs(
             *lines, partial[t.idx] = (partial[t.idx] + data).split(b"\n")
             prefix = "" if task is not None else f"[worker-{t.idx} {t.host}] "
             if lines:
-                sys.stdout.write("".join(prefix + ln.decode(errors="replace") + "\n" for ln in lines))
+                sys.stdout.write(
+                    "".join(prefix + ln.decode(errors="replace") + "\n" for ln in lines)
+                )
         sys.stdout.flush()
         if not follow or store.get_job(job.id).state.is_terminal():
             if follow:

@@ -22,7 +22,9 @@ class _Model(BaseModel):
 
 
 class JobSection(_Model):
-    name: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")]
+    name: Annotated[
+        str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    ]
     # Checkpoints, per-task logs and job files live here; the same path on every host.
     # A relative path is taken from the directory of cluster.toml.
     shared_dir: Path
@@ -232,6 +234,6 @@ def _check_semantics(config: ClusterConfig, source: str) -> None:
         workdir = config.entrypoint.workdir
         if workdir is not None and not workdir.is_dir():
             raise ConfigError(f"{source}: entrypoint.workdir: no such directory: {workdir}")
-    for key in config.entrypoint.env:
-        if not key or "=" in key or "\0" in key:
-            raise ConfigError(f"{source}: entrypoint.env: invalid variable name {key!r}")
+    for name in config.entrypoint.env:
+        if not name or "=" in name or "\0" in name:
+            raise ConfigError(f"{source}: entrypoint.env: invalid variable name {name!r}")

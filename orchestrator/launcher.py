@@ -65,12 +65,18 @@ def preflight(config: ClusterConfig, backend: Backend, job_id: str) -> list[Host
     def probe(i: int) -> HostReport:
         transport = backend.transport(i)
         argv = [
-            backend.python(i), "-m", "worker.probe",
-            "--shared-dir", shared,
-            "--ports", str(slots_per_host[i]),
-            "--token-file", f"{token_dir}/{i}",
-            "--token", f"{token}-{i}",
-        ]  # fmt: skip
+            backend.python(i),
+            "-m",
+            "worker.probe",
+            "--shared-dir",
+            shared,
+            "--ports",
+            str(slots_per_host[i]),
+            "--token-file",
+            f"{token_dir}/{i}",
+            "--token",
+            f"{token}-{i}",
+        ]
         try:
             result = transport.run(argv, timeout=PROBE_TIMEOUT)
         except OrchestrateError as exc:

@@ -211,9 +211,7 @@ class Store:
         if isinstance(state, JobState) and state.is_terminal() and "ended" not in values:
             values["ended"] = values["updated"]
         assignments = ", ".join(f"{k} = ?" for k in values)
-        self._db.execute(
-            f"UPDATE jobs SET {assignments} WHERE id = ?", [*values.values(), job_id]
-        )
+        self._db.execute(f"UPDATE jobs SET {assignments} WHERE id = ?", [*values.values(), job_id])
 
     def get_job(self, ref: str) -> JobRecord:
         """A job by id, the newest job with that name, or a unique id prefix."""

@@ -196,7 +196,9 @@ class Supervisor:
         """Poll until the group needs a decision; None when a stop was requested."""
         sup = self.config.supervision
         self._tailers = {
-            t.index: LogTailer(self.backend.transport(t.host_index), str(self.layout.log_path(t.index)))
+            t.index: LogTailer(
+                self.backend.transport(t.host_index), str(self.layout.log_path(t.index))
+            )
             for t in plan.tasks
         }
         while not self.stop_requested.is_set():
@@ -217,7 +219,8 @@ class Supervisor:
     ) -> list[TaskObservation]:
         now_mono, now = time.monotonic(), time.time()
         alive = self._alive_agents(agents)
-        observations, updates = [], {}
+        observations: list[TaskObservation] = []
+        updates: dict[int, dict[str, object]] = {}
         for agent in agents:
             i = agent.task_index
             task = plan.tasks[i]
@@ -273,7 +276,8 @@ class Supervisor:
             try:
                 alive |= self.backend.transport(host_index).alive_pids(pids)
             except OrchestrateError:
-                pass  # unreachable host: its agents count as gone only via heartbeat timeout
+                # Unreachable for now: not proof of death. The heartbeat timeout decides.
+                alive |= set(pids)
         return alive
 
     # --- ending -----------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -87,11 +88,7 @@ def reap_pids() -> Iterator[list[int]]:
 
     for pid in pids:
         if is_alive(pid):
-            try:
+            with contextlib.suppress(OSError):
                 os.killpg(pid, 9)
-            except OSError:
-                pass
-            try:
+            with contextlib.suppress(OSError):
                 os.kill(pid, 9)
-            except OSError:
-                pass

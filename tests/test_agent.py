@@ -17,14 +17,21 @@ from worker.spec import AgentState, TaskStatus, WorkerSpec
 FAKE = Path(__file__).parent / "fixtures" / "fake_trainer.py"
 
 
-def _start(tmp_path: Path, mode: str, grace: float = 5.0) -> tuple[subprocess.Popen[bytes], WorkerSpec]:
+def _start(
+    tmp_path: Path, mode: str, grace: float = 5.0
+) -> tuple[subprocess.Popen[bytes], WorkerSpec]:
     spec = WorkerSpec(
-        job_id="job-1", task_index=0, host_label="local",
+        job_id="job-1",
+        task_index=0,
+        host_label="local",
         tf_config={"cluster": {"worker": ["127.0.0.1:1"]}, "task": {"type": "worker", "index": 0}},
-        argv=[sys.executable, str(FAKE), "--mode", mode], env={"NASTY": "a'b"},
-        workdir=str(tmp_path), shared_dir=str(tmp_path / "shared"),
-        heartbeat_interval=0.1, stop_grace=grace,
-    )  # fmt: skip
+        argv=[sys.executable, str(FAKE), "--mode", mode],
+        env={"NASTY": "a'b"},
+        workdir=str(tmp_path),
+        shared_dir=str(tmp_path / "shared"),
+        heartbeat_interval=0.1,
+        stop_grace=grace,
+    )
     spec_path = tmp_path / "spec.json"
     spec_path.write_text(spec.model_dump_json())
     proc = subprocess.Popen(
@@ -53,7 +60,7 @@ def test_success_writes_final_status_log_and_progress(tmp_path: Path) -> None:
     assert status.progress.step == 5 and status.progress.loss == 0.25
     assert status.seq >= 2
     log = Path(spec.layout.log_path(0)).read_text()
-    assert "env=\"a'b\"" in log and "partial line without newline... completed" in log
+    assert 'env="a\'b"' in log and "partial line without newline... completed" in log
     assert "trainer exited with code 0" in log
 
 
@@ -95,9 +102,14 @@ def test_trainer_dies_with_a_sigkilled_agent(tmp_path: Path) -> None:
 @pytest.mark.parametrize("bad_argv", [["/no/such/python"]])
 def test_unstartable_trainer_fails_cleanly(tmp_path: Path, bad_argv: list[str]) -> None:
     spec = WorkerSpec(
-        job_id="job-2", task_index=0, host_label="local", tf_config={}, argv=bad_argv,
-        workdir=str(tmp_path), shared_dir=str(tmp_path / "shared"),
-    )  # fmt: skip
+        job_id="job-2",
+        task_index=0,
+        host_label="local",
+        tf_config={},
+        argv=bad_argv,
+        workdir=str(tmp_path),
+        shared_dir=str(tmp_path / "shared"),
+    )
     spec_path = tmp_path / "spec.json"
     spec_path.write_text(spec.model_dump_json())
     code = subprocess.call([sys.executable, "-m", "worker.agent", str(spec_path)], timeout=30)

@@ -47,8 +47,11 @@ def test_importing_the_cli_and_running_status_never_imports_tensorflow(home: Pat
     assert out.stdout.strip() == "False"
     trace = subprocess.run(
         [sys.executable, "-X", "importtime", "-m", "orchestrator", "status"],
-        capture_output=True, text=True, check=True, cwd=REPO,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=REPO,
+    )
     imported = {line.split("|")[-1].strip() for line in trace.stderr.splitlines()}
     assert "orchestrator.cli" in imported
     assert not {m for m in imported if m.startswith(("tensorflow", "keras", "paramiko"))}
@@ -83,9 +86,12 @@ def test_bad_input_is_one_line_exit_2_and_starts_nothing(
         path.write_text(good.replace('name = "fake"', 'name = "fake"\ncolour = "red"'))
     elif edit == "DUP":
         path.write_text(
-            good.replace('type = "local"\nworkers = 2', 'type = "ssh"\n'
-                         '[[backend.hosts]]\naddress = "10.77.0.1"\n'
-                         '[[backend.hosts]]\naddress = "10.77.0.1"\n')  # fmt: skip
+            good.replace(
+                'type = "local"\nworkers = 2',
+                'type = "ssh"\n'
+                '[[backend.hosts]]\naddress = "10.77.0.1"\n'
+                '[[backend.hosts]]\naddress = "10.77.0.1"\n',
+            )
         )
     elif edit == "NOENTRY":
         start = good.index("[entrypoint]")
@@ -114,16 +120,21 @@ def test_validate_and_dry_run_print_every_tf_config(
     tmp_path: Path, cli: Callable[..., CliResult]
 ) -> None:
     path = tmp_path / "c.toml"
-    path.write_text(fake_job(tmp_path, [], workers=3, extra="[ports]\nbase = 23000\n")
-                    .replace("[supervision]", "[supervision]"))  # fmt: skip
-    path.write_text(path.read_text().replace("poll_interval = 0.1\n[ports]", "poll_interval = 0.1\n\n[ports]"))
-    assert cli("validate", str(path)).out.startswith(f"{path}: ok: job 'fake', local backend, 3 task(s)")
+    path.write_text(fake_job(tmp_path, [], workers=3, extra="[ports]\nbase = 23000\n"))
+    assert cli("validate", str(path)).out.startswith(
+        f"{path}: ok: job 'fake', local backend, 3 task(s)"
+    )
     result = cli("launch", "--dry-run", str(path))
     assert result.code == 0, result.err
-    configs = [json.loads(line.split("TF_CONFIG=", 1)[1]) for line in result.out.splitlines()
-               if "TF_CONFIG=" in line]  # fmt: skip
+    configs = [
+        json.loads(line.split("TF_CONFIG=", 1)[1])
+        for line in result.out.splitlines()
+        if "TF_CONFIG=" in line
+    ]
     cluster = {"worker": ["127.0.0.1:23000", "127.0.0.1:23001", "127.0.0.1:23002"]}
-    assert configs == [{"cluster": cluster, "task": {"type": "worker", "index": i}} for i in range(3)]
+    assert configs == [
+        {"cluster": cluster, "task": {"type": "worker", "index": i}} for i in range(3)
+    ]
     assert status_json(cli)["jobs"] == []
     assert list((tmp_path / "shared").iterdir()) == []
 
@@ -164,7 +175,9 @@ def test_successful_job_streams_whole_prefixed_lines_with_args_byte_for_byte(
     result = cli("launch", str(path), timeout=60)
     assert result.code == 0, result
     for i in (0, 1):
-        assert f"[worker-{i} local] task {i} mode ok argv={['--mode', 'ok', *nasty]!r}" in result.out
+        assert (
+            f"[worker-{i} local] task {i} mode ok argv={['--mode', 'ok', *nasty]!r}" in result.out
+        )
         assert f"[worker-{i} local] partial line without newline... completed" in result.out
     assert "env=" + json.dumps("; $(x) ' \" \\ and spaces") in result.out
     [job] = status_json(cli)["jobs"]

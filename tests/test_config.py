@@ -61,15 +61,36 @@ def test_ssh_schema_with_host_defaults_and_overrides() -> None:
         ("", "file is empty"),
         ("[job\nname=1", "invalid TOML"),
         (VALID_LOCAL + "\nbogus = 1\n", "bogus: unknown key"),
-        (VALID_LOCAL.replace("workers = 2", "workers = 'two'"), "backend.workers: Input should be a valid integer"),
-        (VALID_LOCAL.replace("workers = 2", "workers = 0"), "backend.workers: must be >= 1 (got 0)"),
-        (VALID_LOCAL.replace('module = "worker.examples.digits"', ""), "entrypoint: give exactly one of 'module' or 'script'"),
-        (VALID_LOCAL.replace('[entrypoint]\nmodule = "worker.examples.digits"', ""), "entrypoint: required key is missing"),
-        (VALID_LOCAL.replace('module = "worker.examples.digits"', 'script = "missing.py"'), "entrypoint.script: no such file"),
-        (VALID_LOCAL.replace('type = "local"', 'type = "k8s"'), "backend: unknown backend type 'k8s'"),
-        (VALID_LOCAL.replace('name = "t"', 'name = "bad name!"'), "job.name: String should match pattern"),
+        (
+            VALID_LOCAL.replace("workers = 2", "workers = 'two'"),
+            "backend.workers: Input should be a valid integer",
+        ),
+        (
+            VALID_LOCAL.replace("workers = 2", "workers = 0"),
+            "backend.workers: must be >= 1 (got 0)",
+        ),
+        (
+            VALID_LOCAL.replace('module = "worker.examples.digits"', ""),
+            "entrypoint: give exactly one of 'module' or 'script'",
+        ),
+        (
+            VALID_LOCAL.replace('[entrypoint]\nmodule = "worker.examples.digits"', ""),
+            "entrypoint: required key is missing",
+        ),
+        (
+            VALID_LOCAL.replace('module = "worker.examples.digits"', 'script = "missing.py"'),
+            "entrypoint.script: no such file",
+        ),
+        (
+            VALID_LOCAL.replace('type = "local"', 'type = "k8s"'),
+            "backend: unknown backend type 'k8s'",
+        ),
+        (
+            VALID_LOCAL.replace('name = "t"', 'name = "bad name!"'),
+            "job.name: String should match pattern",
+        ),
     ],
-)  # fmt: skip
+)
 def test_bad_config_is_one_line_naming_the_key(tmp_path: Path, text: str, expected: str) -> None:
     path = tmp_path / "cluster.toml"
     path.write_text(text)
@@ -101,7 +122,9 @@ address = "10.9.0.1"
 port = 22
 """
     )
-    with pytest.raises(ConfigError, match=r"backend.hosts\[2\].address: duplicate host 10.9.0.1:22"):
+    with pytest.raises(
+        ConfigError, match=r"backend.hosts\[2\].address: duplicate host 10.9.0.1:22"
+    ):
         load_config(path)
 
 

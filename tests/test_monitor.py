@@ -18,9 +18,12 @@ def test_chief_success_wins_even_if_others_still_run() -> None:
 
 def test_non_chief_success_alone_is_not_success() -> None:
     d = decide(
-        [obs(0, TaskState.RUNNING, heartbeat_age=1, reached_first_step=True),
-         obs(1, TaskState.SUCCEEDED)], **KW,
-    )  # fmt: skip
+        [
+            obs(0, TaskState.RUNNING, heartbeat_age=1, reached_first_step=True),
+            obs(1, TaskState.SUCCEEDED),
+        ],
+        **KW,
+    )
     assert d.verdict == Verdict.CONTINUE
 
 
@@ -35,7 +38,10 @@ def test_any_failure_fails_the_group_naming_the_task() -> None:
 def test_silent_task_fails_after_heartbeat_timeout() -> None:
     ok = [obs(0, TaskState.RUNNING, heartbeat_age=9.9), obs(1, TaskState.RUNNING, heartbeat_age=1)]
     assert decide(ok, **KW).verdict == Verdict.CONTINUE
-    silent = [obs(0, TaskState.RUNNING, heartbeat_age=1), obs(1, TaskState.RUNNING, heartbeat_age=11)]
+    silent = [
+        obs(0, TaskState.RUNNING, heartbeat_age=1),
+        obs(1, TaskState.RUNNING, heartbeat_age=11),
+    ]
     d = decide(silent, **KW)
     assert d.verdict == Verdict.FAILED and d.tasks == (1,) and "no heartbeat" in d.cause
 
@@ -63,6 +69,13 @@ def test_task_state_mapping() -> None:
 
 def test_terminal_sets() -> None:
     assert {s for s in TaskState if s.is_terminal()} == {
-        TaskState.SUCCEEDED, TaskState.FAILED, TaskState.STOPPED, TaskState.LOST}  # fmt: skip
+        TaskState.SUCCEEDED,
+        TaskState.FAILED,
+        TaskState.STOPPED,
+        TaskState.LOST,
+    }
     assert {s for s in JobState if s.is_terminal()} == {
-        JobState.SUCCEEDED, JobState.FAILED, JobState.STOPPED}  # fmt: skip
+        JobState.SUCCEEDED,
+        JobState.FAILED,
+        JobState.STOPPED,
+    }

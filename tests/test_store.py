@@ -15,17 +15,31 @@ from orchestrator.store import JobRecord, Store, TaskRecord
 def _job(job_id: str, name: str = "n", created: float | None = None) -> JobRecord:
     now = created or time.time()
     return JobRecord(
-        id=job_id, name=name, state=JobState.PENDING, backend="local", config_path="c.toml",
-        config_json="{}", job_dir="/x", created=now, updated=now,
-    )  # fmt: skip
+        id=job_id,
+        name=name,
+        state=JobState.PENDING,
+        backend="local",
+        config_path="c.toml",
+        config_json="{}",
+        job_dir="/x",
+        created=now,
+        updated=now,
+    )
 
 
 def _tasks(job_id: str, n: int) -> list[TaskRecord]:
     return [
-        TaskRecord(job_id=job_id, idx=i, type="worker", host_index=0, host="local",
-                   address=f"127.0.0.1:{4000 + i}", state=TaskState.PENDING)
+        TaskRecord(
+            job_id=job_id,
+            idx=i,
+            type="worker",
+            host_index=0,
+            host="local",
+            address=f"127.0.0.1:{4000 + i}",
+            state=TaskState.PENDING,
+        )
         for i in range(n)
-    ]  # fmt: skip
+    ]
 
 
 def test_roundtrip_lookup_and_updates(tmp_path: Path) -> None:

@@ -32,8 +32,10 @@ def check_argv_and_env_arrive_byte_for_byte(t: Transport, python: str) -> None:
 
 
 def check_stdin_exit_code_and_stderr(t: Transport, python: str) -> None:
-    code = "import sys; d=sys.stdin.buffer.read(); sys.stdout.buffer.write(d[::-1]); " \
-           "sys.stderr.write('oops'); sys.exit(3)"  # fmt: skip
+    code = (
+        "import sys; d=sys.stdin.buffer.read(); sys.stdout.buffer.write(d[::-1]); "
+        "sys.stderr.write('oops'); sys.exit(3)"
+    )
     result = t.run([python, "-c", code], stdin=b"abc\x00\xff")
     assert result.exit_code == 3 and not result.ok
     assert result.stdout == b"\xff\x00cba"
@@ -67,7 +69,7 @@ def check_detached_start_and_group_stop(t: Transport, python: str, remote_dir: s
     code = (
         "import signal, subprocess, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
         "subprocess.Popen([sys.executable, '-c', 'import signal,time; "
-        "signal.signal(signal.SIGTERM, signal.SIG_IGN); print(\"child up\", flush=True); "
+        'signal.signal(signal.SIGTERM, signal.SIG_IGN); print("child up", flush=True); '
         "time.sleep(300)']); time.sleep(300)"
     )
     log = f"{remote_dir}/detached.log"
@@ -109,7 +111,9 @@ def test_local_detached_and_stop(local: LocalTransport, tmp_path: Path) -> None:
 
 
 def test_detached_process_is_its_own_session(local: LocalTransport, tmp_path: Path) -> None:
-    pid = local.start_detached([PY, "-c", "import time; time.sleep(60)"], log_path=str(tmp_path / "l"))
+    pid = local.start_detached(
+        [PY, "-c", "import time; time.sleep(60)"], log_path=str(tmp_path / "l")
+    )
     try:
         assert os.getsid(pid) == pid and os.getpgid(pid) == pid
         assert stat.S_ISREG(os.stat(tmp_path / "l").st_mode)

@@ -7,6 +7,7 @@ The local transport calls these functions directly; remote transports run
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -47,10 +48,8 @@ def group_members(pgid: int) -> set[int]:
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def stop_group(pgid: int, grace: float, poll: float = 0.05) -> bool:

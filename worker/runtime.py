@@ -1,14 +1,14 @@
 """Helpers a training script uses under orchestrate. Importing this module imports TensorFlow.
 
-    from worker import runtime
-    ctx = runtime.task_context()              # reads TF_CONFIG (set by the agent)
-    strategy = runtime.make_strategy(ctx)     # created at program start, before anything else
-    data = runtime.shard_arrays(strategy, ctx, (x, y), global_batch_size=64)
-    with strategy.scope():
-        model = build_and_compile()
-    model.fit(data.dataset, epochs=10, steps_per_epoch=data.steps_per_epoch,
-              callbacks=runtime.callbacks(ctx))
-    runtime.save_model(model, ctx)            # every worker calls it: saving is collective
+from worker import runtime
+ctx = runtime.task_context()              # reads TF_CONFIG (set by the agent)
+strategy = runtime.make_strategy(ctx)     # created at program start, before anything else
+data = runtime.shard_arrays(strategy, ctx, (x, y), global_batch_size=64)
+with strategy.scope():
+    model = build_and_compile()
+model.fit(data.dataset, epochs=10, steps_per_epoch=data.steps_per_epoch,
+          callbacks=runtime.callbacks(ctx))
+runtime.save_model(model, ctx)            # every worker calls it: saving is collective
 """
 
 from __future__ import annotations
@@ -26,10 +26,10 @@ from typing import Any
 # must be set before TensorFlow is imported.
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
+import numpy as np
+import tensorflow as tf
 
-from worker.spec import (  # noqa: E402
+from worker.spec import (
     ENV_JOB_DIR,
     ENV_PROGRESS_FILE,
     ENV_TASK_DIR,
