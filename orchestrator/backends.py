@@ -16,6 +16,8 @@ from orchestrator.transport.local import LocalTransport
 
 class Backend(Protocol):
     kind: str
+    # Seconds between process-liveness checks (each may be a remote command); 0: every tick.
+    alive_check_interval: float
 
     def host_count(self) -> int: ...
 
@@ -28,6 +30,7 @@ class Backend(Protocol):
 
 class LocalHosts:
     kind = "local"
+    alive_check_interval = 0.0
 
     def __init__(self, config: LocalBackend) -> None:
         self._transport = LocalTransport("local")

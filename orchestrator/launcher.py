@@ -144,6 +144,30 @@ def _check_shared(
     return parallel(len(reports), read_back)
 
 
+def run_setup(config: ClusterConfig, backend: Backend) -> None:
+    """Each host's `setup` commands, in order, once per job, before any agent starts."""
+    if not isinstance(config.backend, SshBackend):
+        return
+    hosts = config.backend.hosts
+    timeout = config.backend.command_timeout
+
+    def setup(i: int) -> str:
+        for argv in hosts[i].setup:
+            try:
+                result = backend.transport(i).run(argv, timeout=timeout)
+            except OrchestrateError as exc:
+                return str(exc)
+            if not result.ok:
+                return (
+                    f"{hosts[i].label}: setup {argv!r} exited {result.exit_code}: {result.tail()}"
+                )
+        return ""
+
+    errors = [e for e in parallel(len(hosts), setup) if e]
+    if errors:
+        raise LaunchError("setup failed, nothing started: " + "; ".join(errors))
+
+
 def plan_launch(config: ClusterConfig, reports: Sequence[HostReport]) -> LaunchPlan:
     """Assign ports (fixed, or those probed free on each host) and build the plan."""
     slots = task_slots(config)
@@ -207,10 +231,10 @@ def start_agents(
         transport = backend.transport(task.host_index)
         try:
             spec_path = str(layout.spec_path(i))
-            transport.put_file(spec_path, spec.model_dump_json().encode(), mode=0o600)
             pid = transport.start_detached(
                 [backend.python(task.host_index), "-m", "worker.agent", spec_path],
                 log_path=str(layout.task_dir(i) / "agent.log"),
+                stdin_file=(spec_path, spec.model_dump_json().encode()),
             )
         except OrchestrateError as exc:
             return StartOutcome(i, task.host_label, None, str(exc))

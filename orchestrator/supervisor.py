@@ -26,6 +26,7 @@ from orchestrator.launcher import (
     make_specs,
     plan_launch,
     preflight,
+    run_setup,
     start_agents,
     stop_agents,
 )
@@ -106,6 +107,8 @@ class Supervisor:
         self.stop_requested = threading.Event()
         self.layout = job_layout(config, job.id)
         self.attempt = 0
+        self._alive_cache: set[int] = set()
+        self._alive_checked_at = float("-inf")
 
     def install_signal_handlers(self) -> None:
         def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -137,6 +140,8 @@ class Supervisor:
         self.attempt = attempt
         self.sink.info(f"preflight on {self.backend.host_count()} host(s)")
         reports = preflight(config, self.backend, job_id)
+        if attempt == 0:
+            run_setup(config, self.backend)
         plan = plan_launch(config, reports)
         specs = make_specs(config, plan, job_id, attempt, self.backend)
         self.store.replace_tasks(job_id, self._task_records(plan, attempt))
@@ -218,15 +223,32 @@ class Supervisor:
         self, plan: LaunchPlan, agents: list[AgentRef], watch: _Watch
     ) -> list[TaskObservation]:
         now_mono, now = time.monotonic(), time.time()
-        alive = self._alive_agents(agents)
+        alive = self._alive_agents_cached(agents, now_mono)
         observations: list[TaskObservation] = []
         updates: dict[int, dict[str, object]] = {}
         for agent in agents:
             i = agent.task_index
             task = plan.tasks[i]
             transport = self.backend.transport(task.host_index)
-            self.sink.task_lines(i, task.host_label, self._tailers[i].poll())
-            status = _parse_status(transport.read_file(str(self.layout.status_path(i))))
+            try:
+                self.sink.task_lines(i, task.host_label, self._tailers[i].poll())
+                status = _parse_status(transport.read_file(str(self.layout.status_path(i))))
+            except OrchestrateError:
+                # Unreachable this tick (the transport reconnects next time); its heartbeat
+                # age keeps growing, so a host that stays away is caught by the timeout.
+                last_state = watch.last.get(i, {}).get("state", TaskState.STARTING)
+                observations.append(
+                    TaskObservation(
+                        index=i,
+                        state=last_state
+                        if isinstance(last_state, TaskState)
+                        else TaskState.STARTING,
+                        heartbeat_age=now_mono - watch.seq_changed.get(i, watch.started),
+                        reached_first_step=i in watch.first_step,
+                        is_chief=task.is_chief,
+                    )
+                )
+                continue
             if status is not None and status.attempt != self.attempt:
                 status = None  # left over from an earlier attempt
             state = task_state_of(status, agent.pid in alive)
@@ -266,6 +288,14 @@ class Supervisor:
             )
         self.store.update_tasks(self.job.id, updates)
         return observations
+
+    def _alive_agents_cached(self, agents: list[AgentRef], now: float) -> set[int]:
+        """Liveness at most every backend.alive_check_interval (a remote command each)."""
+        interval = self.backend.alive_check_interval
+        if interval <= 0 or now - self._alive_checked_at >= interval:
+            self._alive_cache = self._alive_agents(agents)
+            self._alive_checked_at = now
+        return self._alive_cache
 
     def _alive_agents(self, agents: list[AgentRef]) -> set[int]:
         by_host: dict[int, list[int]] = {}

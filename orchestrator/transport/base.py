@@ -44,10 +44,17 @@ class Transport(Protocol):
         ...
 
     def start_detached(
-        self, argv: Sequence[str], *, log_path: str, env: Mapping[str, str] | None = None
+        self,
+        argv: Sequence[str],
+        *,
+        log_path: str,
+        env: Mapping[str, str] | None = None,
+        stdin_file: tuple[str, bytes] | None = None,
     ) -> int:
         """Start argv in a new session (its pid is its process group id), standard streams
-        detached, output to log_path; return its pid at once."""
+        detached, output appended to log_path; return its pid at once. With stdin_file
+        (path, data), first write data to path (mode 0600, new directories 0700): remote
+        transports do both in one round trip."""
         ...
 
     def put_file(self, path: str, data: bytes, mode: int = 0o600) -> None:

@@ -47,9 +47,16 @@ class LocalTransport:
         )
 
     def start_detached(
-        self, argv: Sequence[str], *, log_path: str, env: Mapping[str, str] | None = None
+        self,
+        argv: Sequence[str],
+        *,
+        log_path: str,
+        env: Mapping[str, str] | None = None,
+        stdin_file: tuple[str, bytes] | None = None,
     ) -> int:
-        Path(log_path).parent.mkdir(parents=True, exist_ok=True)
+        if stdin_file is not None:
+            self.put_file(stdin_file[0], stdin_file[1], mode=0o600)
+        _makedirs_private(Path(log_path).parent)
         with open(log_path, "ab") as log:
             try:
                 proc = subprocess.Popen(
@@ -68,7 +75,7 @@ class LocalTransport:
 
     def put_file(self, path: str, data: bytes, mode: int = 0o600) -> None:
         target = Path(path)
-        target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        _makedirs_private(target.parent)
         write_bytes_atomic(target, data, mode)
 
     def get_file(self, path: str, local_path: Path) -> None:
@@ -97,6 +104,17 @@ class LocalTransport:
 
     def close(self) -> None:
         pass
+
+
+def _makedirs_private(path: Path) -> None:
+    """Create missing directories, each of them mode 0700 (Path.mkdir applies mode to the leaf
+    alone)."""
+    missing = []
+    while not path.exists():
+        missing.append(path)
+        path = path.parent
+    for directory in reversed(missing):
+        directory.mkdir(mode=0o700, exist_ok=True)
 
 
 def _merged_env(env: Mapping[str, str] | None) -> dict[str, str] | None:
