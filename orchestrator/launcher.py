@@ -3,6 +3,7 @@ fails to start, stop what did start. Talks only to the Transport seam."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import secrets
 from collections.abc import Callable, Sequence
@@ -59,7 +60,7 @@ def preflight(config: ClusterConfig, backend: Backend, job_id: str) -> list[Host
     for slot in task_slots(config):
         slots_per_host[slot.host_index] += 1
     shared = str(config.job.shared_dir)
-    token_dir = f"{shared}/.orchestrate-preflight/{job_id}"
+    token_dir = f"{shared}/.orchestrate-preflight-{job_id}"
     token = secrets.token_hex(8)
 
     def probe(i: int) -> HostReport:
@@ -110,7 +111,11 @@ def preflight(config: ClusterConfig, backend: Backend, job_id: str) -> list[Host
             HostReport(r.host_index, r.host_label, (*r.problems, f"TensorFlow differs: {detail}"))
             for r in reports
         ]
-    backend.transport(0).run(["rm", "-rf", token_dir], timeout=PROBE_TIMEOUT)
+    for report in reports:  # remove the tokens through any host that answered
+        if report.ok or report.tensorflow:
+            with contextlib.suppress(OrchestrateError):
+                backend.transport(report.host_index).run(["rm", "-rf", token_dir], timeout=30)
+            break
     failing = [r for r in reports if not r.ok]
     if failing:
         lines = "; ".join(f"{r.host_label}: {', '.join(r.problems)}" for r in failing)

@@ -109,7 +109,11 @@ def _keygen(path: Path, comment: str) -> str:
         ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)],
         check=True,
     )
-    return path.with_suffix(".pub").read_text().strip() if path.suffix else Path(f"{path}.pub").read_text().strip()
+    return (
+        path.with_suffix(".pub").read_text().strip()
+        if path.suffix
+        else Path(f"{path}.pub").read_text().strip()
+    )
 
 
 SSHD_CONFIG = """\
@@ -178,9 +182,7 @@ def up(count: int, root: Path, epochs: int = 8) -> Testbed:
             known_lines.append(f"{address} {' '.join(host_pub.split()[:2])}")
             config = host_dir / "sshd_config"
             config.write_text(
-                SSHD_CONFIG.format(
-                    address=address, host_key=host_key, host_dir=host_dir, root=root
-                )
+                SSHD_CONFIG.format(address=address, host_key=host_key, host_dir=host_dir, root=root)
             )
             log = open(host_dir / "sshd.log", "ab")  # noqa: SIM115 - handed to the child
             sshd = subprocess.Popen(
@@ -308,7 +310,9 @@ def main() -> int:
         for host in bed.hosts:
             print(f"{host.name}  {host.address}  netns {host.namespace}  sshd pid {host.sshd_pid}")
         print(f"cluster.toml: {bed.cluster_toml}")
-        print(f"ssh: ssh -i {bed.identity_file} -o UserKnownHostsFile={bed.known_hosts} root@{bed.hosts[0].address}")
+        print(
+            f"ssh: ssh -i {bed.identity_file} -o UserKnownHostsFile={bed.known_hosts} root@{bed.hosts[0].address}"
+        )
         return 0
     down(args.dir)
     print(f"removed the test bed in {args.dir}")

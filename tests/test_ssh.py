@@ -1,0 +1,374 @@
+"""The SSH backend against real OpenSSH sshd hosts, each in its own network namespace
+(scripts/testbed.py). Needs root, iproute2 and openssh-server: skipped with the reason where
+they are missing, failed under CI=true."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from orchestrator.config import SshBackend, load_config
+from orchestrator.errors import LaunchError, TransportError
+from orchestrator.launcher import make_specs, plan_launch, preflight, start_agents
+from orchestrator.transport.ssh import SshHosts, SshTransport
+from tests import test_transport_contract as contract
+from tests.conftest import IN_CI, REPO, CliResult, status_json, wait_for
+
+sys.path.insert(0, str(REPO / "scripts"))
+import testbed as tb  # noqa: E402
+
+pytestmark = pytest.mark.ssh
+FAKE = Path(__file__).parent / "fixtures" / "fake_trainer.py"
+
+
+@pytest.fixture(scope="module")
+def bed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tb.Testbed]:
+    reason = tb.missing_requirements()
+    if reason:
+        if IN_CI:
+            pytest.fail(f"SSH test bed unavailable under CI: {reason}")
+        pytest.skip(f"SSH test bed unavailable: {reason}")
+    root = tmp_path_factory.mktemp("testbed")
+    bed = tb.up(3, root, epochs=4)
+    try:
+        yield bed
+    finally:
+        tb.down(root)
+
+
+def backend_config(bed: tb.Testbed, **overrides: object) -> SshBackend:
+    cfg = load_config(bed.cluster_toml)
+    assert isinstance(cfg.backend, SshBackend)
+    return cfg.backend.model_copy(update=overrides)
+
+
+def fake_toml(bed: tb.Testbed, tmp_path: Path, args: list[str], hosts: str | None = None) -> Path:
+    """The test bed's cluster.toml with the stand-in trainer and its own shared dir."""
+    text = Path(bed.cluster_toml).read_text()
+    shared = tmp_path / "shared"
+    shared.mkdir(exist_ok=True)
+    text = text.replace(f'shared_dir = "{bed.root}/shared"', f'shared_dir = "{shared}"')
+    text = text.replace('module = "worker.examples.digits"', f'script = "{FAKE}"')
+    text = text.replace('args = ["--epochs", "4"]', f"args = {json.dumps(args)}")
+    text = text.replace(
+        "[backend]",
+        "[supervision]\nheartbeat_interval = 0.2\nstop_grace = 2.0\n"
+        "poll_interval = 0.1\n\n[backend]",
+    )
+    if hosts is not None:
+        text = text[: text.index("[[backend.hosts]]")] + hosts
+    path = tmp_path / "cluster.toml"
+    path.write_text(text)
+    return path
+
+
+def processes_in(namespace: str, needle: str) -> list[int]:
+    out = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True, text=True)
+    found = []
+    for pid in out.stdout.split():
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+        except OSError:
+            continue
+        if needle.encode() in cmdline:
+            found.append(int(pid))
+    return found
+
+
+def drop_ssh_sessions(host: tb.TestHost) -> int:
+    """Cut every SSH connection to the host by killing sshd's per-connection processes (the
+    children of the listening sshd we started); the listener stays, so reconnects work."""
+    killed = 0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat[stat.rfind(")") + 2 :].split()[1])
+        if ppid == host.sshd_pid:
+            os.kill(int(entry.name), signal.SIGKILL)
+            killed += 1
+    return killed
+
+
+# --- the transport contract, over SSH ------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def ssh(bed: tb.Testbed) -> Iterator[SshTransport]:
+    backend = backend_config(bed)
+    transport = SshTransport(backend.hosts[1], backend)
+    yield transport
+    transport.close()
+
+
+def test_ssh_argv_and_env_arrive_byte_for_byte(ssh: SshTransport, bed: tb.Testbed) -> None:
+    contract.check_argv_and_env_arrive_byte_for_byte(ssh, bed.python)
+
+
+def test_ssh_stdin_exit_code(ssh: SshTransport, bed: tb.Testbed) -> None:
+    contract.check_stdin_exit_code_and_stderr(ssh, bed.python)
+
+
+def test_ssh_timeout(ssh: SshTransport, bed: tb.Testbed) -> None:
+    contract.check_timeout_raises(ssh, bed.python)
+
+
+def test_ssh_files(ssh: SshTransport, tmp_path: Path) -> None:
+    contract.check_files(ssh, str(tmp_path / "remote"), tmp_path / "local")
+
+
+def test_ssh_detached_and_stop(ssh: SshTransport, bed: tb.Testbed, tmp_path: Path) -> None:
+    contract.check_detached_start_and_group_stop(ssh, bed.python, str(tmp_path))
+
+
+def test_commands_run_on_the_host_itself(ssh: SshTransport) -> None:
+    assert ssh.run(["hostname"]).stdout.strip() == b"h1"
+
+
+def test_connection_survives_a_drop(ssh: SshTransport, bed: tb.Testbed, tmp_path: Path) -> None:
+    path = str(tmp_path / "f")
+    ssh.put_file(path, b"0123456789")
+    assert ssh.read_file(path, 4) == b"456789"
+    assert drop_ssh_sessions(bed.hosts[1]) >= 1
+    time.sleep(0.2)
+    assert ssh.read_file(path, 8) == b"89"  # reconnected transparently, same offset semantics
+
+
+# --- host keys -----------------------------------------------------------------------------
+
+
+def test_unknown_host_key_is_refused_with_how_to_trust_it(bed: tb.Testbed, tmp_path: Path) -> None:
+    empty = tmp_path / "known_hosts"
+    empty.write_text("")
+    backend = backend_config(bed, known_hosts=empty)
+    transport = SshTransport(backend.hosts[0], backend)
+    with pytest.raises(TransportError) as err:
+        transport.run(["true"])
+    message = str(err.value)
+    assert message.startswith("h0: unknown host key ssh-ed25519 SHA256:")
+    assert f"ssh-keyscan {bed.hosts[0].address} >> {empty}" in message
+    assert "trust_unknown_hosts" in message
+    assert empty.read_text() == ""
+
+
+def test_trust_on_first_use_records_the_key_then_checks_it(bed: tb.Testbed, tmp_path: Path) -> None:
+    known = tmp_path / "known_hosts"
+    backend = backend_config(bed, known_hosts=known, trust_unknown_hosts=True)
+    transport = SshTransport(backend.hosts[2], backend)
+    assert transport.run(["true"]).ok
+    transport.close()
+    recorded = known.read_text().split()
+    expected = next(
+        line.split()
+        for line in Path(bed.known_hosts).read_text().splitlines()
+        if line.startswith(bed.hosts[2].address + " ")
+    )
+    assert recorded == expected
+    strict = SshTransport(backend.hosts[2], backend_config(bed, known_hosts=known))
+    assert strict.run(["true"]).ok
+    strict.close()
+
+
+@pytest.mark.parametrize("trust_unknown", [False, True])
+def test_changed_host_key_is_always_refused(
+    bed: tb.Testbed, tmp_path: Path, trust_unknown: bool
+) -> None:
+    import paramiko
+
+    impostor = paramiko.Ed25519Key.from_private_key_file(bed.identity_file)  # any other key
+    known = tmp_path / "known_hosts"
+    known.write_text(f"{bed.hosts[0].address} ssh-ed25519 {impostor.get_base64()}\n")
+    backend = backend_config(bed, known_hosts=known, trust_unknown_hosts=trust_unknown)
+    transport = SshTransport(backend.hosts[0], backend)
+    with pytest.raises(TransportError, match=r"h0: host key for .* has CHANGED.*refusing"):
+        transport.run(["true"])
+    assert known.read_text().count("\n") == 1  # nothing was recorded
+
+
+# --- preflight and launch ------------------------------------------------------------------
+
+
+def test_unreachable_host_and_wrong_key_fail_preflight_naming_each_host(
+    bed: tb.Testbed, tmp_path: Path, cli: Callable[..., CliResult]
+) -> None:
+    wrong_key = tmp_path / "wrong_key"
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(wrong_key)], check=True
+    )
+    ghost = bed.gateway.rsplit(".", 1)[0] + ".250"  # in the test subnet, no namespace behind it
+    hosts = (
+        f'[[backend.hosts]]\naddress = "{bed.hosts[0].address}"\nname = "h0"\n\n'
+        f'[[backend.hosts]]\naddress = "{ghost}"\nname = "ghost"\n\n'
+        f'[[backend.hosts]]\naddress = "{bed.hosts[1].address}"\nname = "badkey"\n'
+        f'identity_file = "{wrong_key}"\n'
+    )
+    path = fake_toml(bed, tmp_path, ["--mode", "sleep"], hosts=hosts)
+    path.write_text(path.read_text().replace("connect_timeout = 5.0", "connect_timeout = 2.0"))
+    result = cli("launch", str(path), timeout=120)
+    assert result.code == 1, result
+    assert result.err.count("\n") == 1 and "Traceback" not in result.err
+    assert "preflight failed on 2 host(s)" in result.err
+    assert "ghost: cannot connect to root@" in result.err
+    assert "badkey: authentication failed for root@" in result.err
+    assert "h0:" not in result.err.split("host(s):", 1)[1]
+    [job] = status_json(cli)["jobs"]
+    assert job["state"] == "failed" and "preflight failed" in job["last_cause"]
+    assert list((tmp_path / "shared").iterdir()) == []  # no job files, token dir removed
+    assert all(t["agent_pid"] is None for t in job["tasks"])
+    for host in bed.hosts:
+        assert processes_in(host.namespace, "worker.agent") == []
+
+
+def test_a_host_failing_to_start_rolls_back_the_others(bed: tb.Testbed, tmp_path: Path) -> None:
+    cfg = load_config(fake_toml(bed, tmp_path, ["--mode", "sleep"]))
+    backend = SshHosts(cfg.backend)  # type: ignore[arg-type]
+    started: dict[int, int] = {}
+    real = [backend.transport(i) for i in range(3)]
+
+    class Starts:  # records what the real transport started
+        def __init__(self, inner: SshTransport, index: int) -> None:
+            self.inner, self.index = inner, index
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(self.inner, name)
+
+        def start_detached(self, argv: list[str], **kw: object) -> int:
+            if self.index == 2:
+                raise TransportError("h2: injected start failure")
+            pid = self.inner.start_detached(argv, **kw)  # type: ignore[arg-type]
+            started[self.index] = pid
+            return pid
+
+    backend._transports = [Starts(t, i) for i, t in enumerate(real)]  # type: ignore[misc,assignment]
+    try:
+        reports = preflight(cfg, backend, "rollback-job")
+        plan = plan_launch(cfg, reports)
+        specs = make_specs(cfg, plan, "rollback-job", 0, backend)
+        with pytest.raises(LaunchError) as err:
+            start_agents(backend, plan, specs, stop_grace=1.0)
+        message = str(err.value)
+        assert "worker-2@h2: h2: injected start failure" in message
+        assert "worker-0@h0: started, then stopped" in message
+        assert sorted(started) == [0, 1]
+        for i, pid in started.items():
+            assert real[i].alive_pids([pid]) == set()  # checked on the host itself
+            assert processes_in(bed.hosts[i].namespace, "worker.agent") == []
+            assert processes_in(bed.hosts[i].namespace, "fake_trainer") == []
+    finally:
+        backend.close()
+
+
+def test_args_and_env_with_metacharacters_reach_remote_trainers(
+    bed: tb.Testbed, tmp_path: Path, cli: Callable[..., CliResult]
+) -> None:
+    nasty = ["; echo pwned", "$(id)", "it's", 'a "b"', "c\\d", "e f", "`x`"]
+    path = fake_toml(bed, tmp_path, ["--mode", "ok", *nasty])
+    path.write_text(
+        path.read_text().replace(
+            'env = { TF_CPP_MIN_LOG_LEVEL = "2" }',
+            'env = { NASTY = "; $(x) \' \\" \\\\ `y` and spaces" }',
+        )
+    )
+    result = cli("launch", str(path), timeout=120)
+    assert result.code == 0, result
+    for i in range(3):
+        assert f"[worker-{i} h{i}] task {i} mode ok argv={['--mode', 'ok', *nasty]!r}" in result.out
+    assert "env=" + json.dumps("; $(x) ' \" \\ `y` and spaces") in result.out
+    spec = next((tmp_path / "shared").glob("*/tasks/0/spec.json"))
+    assert oct(spec.stat().st_mode & 0o777) == "0o600"
+    assert oct(spec.parent.parent.parent.stat().st_mode & 0o777) == "0o700"  # the job dir
+
+
+def test_dropped_connections_lose_and_double_no_log_line(
+    bed: tb.Testbed, tmp_path: Path, cli: Callable[..., CliResult], home: Path
+) -> None:
+    count = 1500
+    path = fake_toml(bed, tmp_path, ["--mode", f"count:{count}"])
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", "launch", str(path)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_for(lambda: list((tmp_path / "shared").glob("*/logs/worker-2.log")), 30)
+        drops = 0
+        for _ in range(3):
+            time.sleep(1.0)
+            drops += drop_ssh_sessions(bed.hosts[1]) + drop_ssh_sessions(bed.hosts[2])
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert drops >= 3
+    assert proc.returncode == 0, out[-2000:] + err
+    [job] = status_json(cli)["jobs"]
+    for i in range(3):
+        shared_log = (tmp_path / "shared" / job["id"] / "logs" / f"worker-{i}.log").read_bytes()
+        copy = (home / "jobs" / job["id"] / "logs" / f"worker-{i}.log").read_bytes()
+        assert copy == shared_log
+        numbered = [ln for ln in copy.splitlines() if ln.startswith(b"line ")]
+        assert [int(ln.split()[1]) for ln in numbered] == list(range(count))
+        assert out.count(f"[worker-{i} h{i}] line ") == count
+
+
+# --- the real example on three hosts --------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_example_trains_across_three_ssh_hosts_through_a_dropped_connection(
+    bed: tb.Testbed, cli: Callable[..., CliResult], home: Path
+) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", "launch", bed.cluster_toml],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+
+        def training() -> dict | None:
+            jobs = status_json(cli)["jobs"]
+            ok = (
+                jobs
+                and jobs[0]["state"] == "running"
+                and all(t["step"] > 0 for t in jobs[0]["tasks"])
+            )
+            return jobs[0] if ok else None
+
+        running = wait_for(training, 150)
+        assert drop_ssh_sessions(bed.hosts[1]) >= 1  # mid-training
+        out, err = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out[-3000:] + err
+    for i in range(3):
+        assert f"[worker-{i} h{i}] final held-out accuracy:" in out
+    assert [t["host"] for t in running["tasks"]] == ["h0", "h1", "h2"]
+    assert [t["address"].rsplit(":", 1)[0] for t in running["tasks"]] == [
+        h.address for h in bed.hosts
+    ]
+    job = status_json(cli, running["id"])["jobs"][0]
+    assert job["state"] == "succeeded"
+    job_dir = Path(job["job_dir"])
+    assert [p.relative_to(job_dir) for p in job_dir.rglob("saved_model.pb")] == [
+        Path("model/saved_model.pb")
+    ]
+    for i in range(3):
+        copy = (home / "jobs" / job["id"] / "logs" / f"worker-{i}.log").read_bytes()
+        assert copy == (job_dir / "logs" / f"worker-{i}.log").read_bytes()
+    assert (home / "jobs" / job["id"] / "collected" / "model" / "saved_model.pb").is_file()
