@@ -16,6 +16,7 @@ goes only to the addresses it creates.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import secrets
@@ -260,10 +261,8 @@ def _kill_namespace_processes(namespace: str) -> None:
         if not pids:
             return
         for pid in pids:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
         deadline = time.monotonic() + 3
         while time.monotonic() < deadline:
             out = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True, text=True)
@@ -311,7 +310,8 @@ def main() -> int:
             print(f"{host.name}  {host.address}  netns {host.namespace}  sshd pid {host.sshd_pid}")
         print(f"cluster.toml: {bed.cluster_toml}")
         print(
-            f"ssh: ssh -i {bed.identity_file} -o UserKnownHostsFile={bed.known_hosts} root@{bed.hosts[0].address}"
+            f"ssh: ssh -i {bed.identity_file} -o UserKnownHostsFile={bed.known_hosts} "
+            f"root@{bed.hosts[0].address}"
         )
         return 0
     down(args.dir)

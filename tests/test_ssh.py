@@ -23,7 +23,7 @@ from tests import test_transport_contract as contract
 from tests.conftest import IN_CI, REPO, CliResult, status_json, wait_for
 
 sys.path.insert(0, str(REPO / "scripts"))
-import testbed as tb  # noqa: E402
+import testbed as tb
 
 pytestmark = pytest.mark.ssh
 FAKE = Path(__file__).parent / "fixtures" / "fake_trainer.py"
