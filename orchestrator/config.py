@@ -78,8 +78,9 @@ class SshBackend(_Model):
     type: Literal["ssh"]
     hosts: Annotated[list[SshHost], Field(min_length=1)]
     # Defaults for every host; a host's own value wins.
+    # Unset user/port/identity: ~/.ssh/config decides, then the SSH defaults.
     user: str | None = None
-    port: Annotated[int, Field(ge=1, le=65535)] = DEFAULT_SSH_PORT
+    port: Annotated[int, Field(ge=1, le=65535)] | None = None
     identity_file: Path | None = None
     python: str = "python3"
     # Host keys are checked strictly against this file (default: ~/.ssh/known_hosts).
@@ -220,7 +221,7 @@ def _check_semantics(config: ClusterConfig, source: str) -> None:
     if isinstance(backend, SshBackend):
         seen: dict[tuple[str, int], int] = {}
         for i, host in enumerate(backend.hosts):
-            key = (host.address, host.port or backend.port)
+            key = (host.address, host.port or backend.port or DEFAULT_SSH_PORT)
             if key in seen:
                 raise ConfigError(
                     f"{source}: backend.hosts[{i}].address: duplicate host {key[0]}:{key[1]} "

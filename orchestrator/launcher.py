@@ -62,6 +62,11 @@ def preflight(config: ClusterConfig, backend: Backend, job_id: str) -> list[Host
     shared = str(config.job.shared_dir)
     token_dir = f"{shared}/.orchestrate-preflight-{job_id}"
     token = secrets.token_hex(8)
+    if isinstance(config.backend, LocalBackend):
+        # On one machine there is nothing to mount: make the directory. On SSH hosts a missing
+        # shared_dir is a preflight error (an unmounted share must not be papered over).
+        with contextlib.suppress(OrchestrateError):
+            backend.transport(0).run(["mkdir", "-p", shared], timeout=PROBE_TIMEOUT)
 
     def probe(i: int) -> HostReport:
         transport = backend.transport(i)

@@ -91,7 +91,7 @@ def raw_round(bed: tb.Testbed, hosts: int, root: Path) -> dict[str, float]:
         client.connect(host.address, username="root", key_filename=bed.identity_file, sock=sock,
                        allow_agent=False, look_for_keys=False)  # fmt: skip
         target = shlex.quote(str(root / f"raw-{i}.bin"))
-        command = (f"cat > {target}; setsid nohup sleep 300 </dev/null >/dev/null 2>&1 & echo $!")
+        command = f"cat > {target}; setsid nohup sleep 300 </dev/null >/dev/null 2>&1 & echo $!"
         stdin, stdout, _ = client.exec_command(command)
         stdin.write(payload)
         stdin.channel.shutdown_write()
@@ -134,7 +134,9 @@ def main() -> int:
                   f"{'agent start':>24} | {'CPU/host':>9} | {'raw fan-out':>24} | ratio")  # fmt: skip
             for n in args.hosts:
                 cfg = bench_config(bed, n, root)
-                ours = measure(args.repeat, lambda k, cfg=cfg, n=n: orchestrate_round(cfg, f"bench-{n}-{k}"))
+                ours = measure(
+                    args.repeat, lambda k, cfg=cfg, n=n: orchestrate_round(cfg, f"bench-{n}-{k}")
+                )
                 raw = measure(args.repeat, lambda k, n=n: raw_round(bed, n, root))
                 cpu_per_host = statistics.median(r["cpu"] for r in ours) / n * 1000
                 ratio = statistics.median(r["launch"] for r in ours) / statistics.median(

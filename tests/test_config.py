@@ -51,7 +51,7 @@ def test_ssh_schema_with_host_defaults_and_overrides() -> None:
     assert isinstance(cfg.backend, SshBackend)
     assert cfg.backend.hosts[1].port == 2222
     assert cfg.backend.hosts[0].port is None  # falls back to backend.port at connect time
-    assert cfg.backend.port == 22
+    assert cfg.backend.port is None  # ~/.ssh/config, then 22
     assert not cfg.backend.trust_unknown_hosts
 
 

@@ -372,3 +372,30 @@ def test_example_trains_across_three_ssh_hosts_through_a_dropped_connection(
         copy = (home / "jobs" / job["id"] / "logs" / f"worker-{i}.log").read_bytes()
         assert copy == (job_dir / "logs" / f"worker-{i}.log").read_bytes()
     assert (home / "jobs" / job["id"] / "collected" / "model" / "saved_model.pb").is_file()
+
+
+def test_ssh_config_alias_is_honoured(bed: tb.Testbed, tmp_path: Path) -> None:
+    """A host given by its ~/.ssh/config alias: HostName, User and IdentityFile come from there."""
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".ssh" / "config").write_text(
+        f"Host gpu-box\n  HostName {bed.hosts[2].address}\n  User root\n"
+        f"  IdentityFile {bed.identity_file}\n"
+    )
+    code = (
+        "import sys; from pathlib import Path; from orchestrator.config import SshBackend;"
+        "from orchestrator.transport.ssh import SshTransport;"
+        "b = SshBackend.model_validate({'type': 'ssh', 'known_hosts': sys.argv[1],"
+        " 'hosts': [{'address': 'gpu-box'}]});"
+        "print(SshTransport(b.hosts[0], b).run(['hostname']).stdout.decode().strip())"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, bed.known_hosts],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "HOME": str(home)},
+        timeout=60,
+        cwd=REPO,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "h2"

@@ -19,8 +19,7 @@ pytestmark = pytest.mark.slow
 
 
 def example_config(tmp_path: Path, epochs: int) -> Path:
-    shared = tmp_path / "shared"
-    shared.mkdir()
+    shared = tmp_path / "shared"  # not made here: the local backend creates it, as for a new user
     text = (REPO / "cluster.example.toml").read_text()
     text = text.replace('shared_dir = "runs"', f'shared_dir = "{shared}"')
     text = text.replace('args = ["--epochs", "15"]', f'args = ["--epochs", "{epochs}"]')
