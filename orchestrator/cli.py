@@ -150,6 +150,37 @@ def supervise(job_ref: JobArg) -> None:
 
 
 @app.command()
+def attach(
+    job_ref: JobArg,
+    verbose: Annotated[
+        bool, typer.Option("--verbose", "-v", help="Show TensorFlow's C++ notices too.")
+    ] = False,
+) -> None:
+    """Adopt a running job whose supervisor is gone, and supervise it to the end."""
+    from orchestrator.config import ClusterConfig
+    from orchestrator.logstream import LineSink
+    from orchestrator.supervisor import Supervisor, job_home
+
+    store = Store()
+    job = store.get_job(job_ref)
+    if job.state.is_terminal():
+        raise UsageError(f"job {job.id} already {job.state.value}: nothing to attach to")
+    alive = _supervisor_alive(job)
+    if alive:
+        raise UsageError(f"job {job.id} is supervised by pid {job.supervisor_pid}; it is not lost")
+    if alive is None:
+        raise UsageError(
+            f"job {job.id} is supervised from host {job.supervisor_host}: attach there"
+        )
+    cfg = ClusterConfig.model_validate_json(job.config_json)
+    sink = LineSink(job_home(job.id) / "logs", sys.stdout, verbose)
+    supervisor = Supervisor(store, job, cfg, sink)
+    supervisor.install_signal_handlers()
+    if supervisor.adopt() != JobState.SUCCEEDED:
+        raise typer.Exit(1)
+
+
+@app.command()
 def status(
     job_ref: Annotated[str | None, typer.Argument(help="A job; default: recent jobs.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
@@ -161,10 +192,20 @@ def status(
     tasks = store.tasks_for([j.id for j in jobs])
     now = time.time()
     views = [_job_view(j, tasks[j.id], now) for j in jobs]
+    if job_ref:
+        views[0]["events"] = [
+            {"ts": e.ts, "kind": e.kind, "task": e.task, "message": e.message}
+            for e in store.events(jobs[0].id)
+        ]
     if as_json:
         _echo(json.dumps({"jobs": views}, indent=2))
         return
     _render_status(views, detailed=job_ref is not None or len(jobs) == 1)
+    if job_ref and views[0]["events"]:
+        _echo()
+        for event in views[0]["events"][-8:]:
+            when = time.strftime("%H:%M:%S", time.localtime(event["ts"]))
+            _echo(f"{when}  {event['kind']:<10} {event['message']}")
 
 
 def _supervisor_alive(job: JobRecord) -> bool | None:
@@ -186,6 +227,7 @@ def _job_view(job: JobRecord, tasks: list[TaskRecord], now: float) -> dict[str, 
         "backend": job.backend,
         "attempt": job.attempt,
         "restarts": job.restarts,
+        "preemptions": job.preemptions,
         "last_cause": job.last_cause,
         "created": job.created,
         "ended": job.ended,
@@ -202,7 +244,9 @@ def _job_view(job: JobRecord, tasks: list[TaskRecord], now: float) -> dict[str, 
                 "agent_pid": t.agent_pid,
                 "pid": t.trainer_pid,
                 "exit_code": t.exit_code,
+                "attempt": t.attempt,
                 "epoch": t.epoch,
+                "initial_epoch": t.initial_epoch,
                 "step": t.step,
                 "loss": t.loss,
                 "steps_per_sec": t.steps_per_sec,
@@ -234,7 +278,7 @@ def _render_status(views: list[dict[str, Any]], detailed: bool) -> None:
         running = sum(1 for t in v["tasks"] if TaskState(t["state"]).is_running())
         state = v["state"]
         if v["supervisor"]["alive"] is False:
-            state += " (supervisor gone)"
+            state += " (supervisor gone: orchestrate attach)"
         rows.append(
             [
                 v["id"],
@@ -351,13 +395,13 @@ def stop(job_ref: JobArg) -> None:
 def _stop_without_supervisor(store: Store, job: JobRecord, cfg: Any) -> None:
     """The supervisor is gone (or did not answer): stop the agents ourselves."""
     from orchestrator.backends import open_backend
-    from orchestrator.launcher import AgentRef, stop_agents
+    from orchestrator.launcher import AGENT_STOP_MARGIN, AgentRef, stop_agents
 
     tasks = store.tasks(job.id)
     agents = [AgentRef(t.idx, t.host_index, t.agent_pid) for t in tasks if t.agent_pid]
     backend = open_backend(cfg)
     try:
-        stop_agents(backend, agents, cfg.supervision.stop_grace)
+        stop_agents(backend, agents, cfg.supervision.stop_grace + AGENT_STOP_MARGIN)
     finally:
         backend.close()
     store.update_tasks(

@@ -110,6 +110,26 @@ class SupervisionSection(_Model):
     # SIGTERM, then this many seconds, then SIGKILL.
     stop_grace: Annotated[float, Field(ge=0)] = 10.0
     poll_interval: Annotated[float, Field(gt=0, le=10)] = 0.2
+    # Watchdog: a task whose training step does not advance for this long is hung (0: off).
+    progress_timeout: Annotated[float, Field(ge=0)] = 600.0
+    # What a missed startup deadline does: fail the job, or restart the group (per policy).
+    on_startup_timeout: Literal["fail", "restart"] = "fail"
+
+
+class RestartSection(_Model):
+    """Whole-group restarts: MWMS cannot go on without a peer, and a task restarted alone can
+    deadlock, so any failure stops every task and starts them all again from the checkpoint."""
+
+    max_restarts: Annotated[int, Field(ge=0)] = 3
+    # Seconds before the first restart, doubling each time up to backoff_max.
+    backoff: Annotated[float, Field(ge=0)] = 1.0
+    backoff_max: Annotated[float, Field(ge=0)] = 30.0
+    # Exit codes worth a restart; unset: every non-zero exit. Lost, silent or hung tasks and
+    # unreachable hosts are always worth one.
+    retryable_exit_codes: list[int] | None = None
+    # A task preempted (SIGTERM) checkpoints and exits with this code; the restart that follows
+    # does not count against max_restarts. 42 is TensorFlow's PreemptionCheckpointHandler's.
+    preemption_exit_code: Annotated[int, Field(ge=1, le=255)] = 42
 
 
 class ClusterConfig(_Model):
@@ -118,6 +138,7 @@ class ClusterConfig(_Model):
     backend: Backend
     ports: PortsSection = PortsSection()
     supervision: SupervisionSection = SupervisionSection()
+    restart: RestartSection = RestartSection()
 
 
 def load_config(path: str | Path) -> ClusterConfig:

@@ -216,6 +216,7 @@ def make_specs(
             shared_dir=str(config.job.shared_dir),
             heartbeat_interval=sup.heartbeat_interval,
             stop_grace=sup.stop_grace,
+            preemption_exit_code=config.restart.preemption_exit_code,
         )
         for task in plan.tasks
     ]
@@ -258,7 +259,7 @@ def start_agents(
             for o in outcomes
             if o.agent_pid is not None
         ]
-        stop_agents(backend, started, stop_grace)
+        stop_agents(backend, started, stop_grace + AGENT_STOP_MARGIN)
         detail = "; ".join(
             f"worker-{o.task_index}@{o.host_label}: "
             + (o.error if o.agent_pid is None else "started, then stopped")
@@ -277,15 +278,13 @@ class AgentRef:
 
 def stop_agents(backend: Backend, agents: Sequence[AgentRef], grace: float) -> dict[int, bool]:
     """Stop each agent's whole process group in parallel (SIGTERM, grace, SIGKILL); task index
-    -> True when nothing of it is left."""
+    -> True when nothing of it is left. For a graceful stop pass the agents' own stop_grace plus
+    AGENT_STOP_MARGIN: each agent escalates to SIGKILL itself and writes a final status first."""
 
     def stop(n: int) -> bool:
         agent = agents[n]
         try:
-            # The agent escalates to SIGKILL itself after `grace` and writes a final status;
-            # our own SIGKILL comes a little later, for an agent that cannot.
-            transport = backend.transport(agent.host_index)
-            return transport.stop_process_group(agent.pid, grace + AGENT_STOP_MARGIN)
+            return backend.transport(agent.host_index).stop_process_group(agent.pid, grace)
         except OrchestrateError:
             return False
 

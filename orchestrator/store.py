@@ -34,6 +34,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     ended REAL,
     attempt INTEGER NOT NULL DEFAULT 0,
     restarts INTEGER NOT NULL DEFAULT 0,
+    preemptions INTEGER NOT NULL DEFAULT 0,
     last_cause TEXT NOT NULL DEFAULT '',
     supervisor_pid INTEGER,
     supervisor_host TEXT NOT NULL DEFAULT ''
@@ -51,6 +52,7 @@ CREATE TABLE IF NOT EXISTS tasks (
     trainer_pid INTEGER,
     exit_code INTEGER,
     epoch INTEGER NOT NULL DEFAULT 0,
+    initial_epoch INTEGER NOT NULL DEFAULT 0,
     step INTEGER NOT NULL DEFAULT 0,
     loss REAL,
     steps_per_sec REAL,
@@ -92,7 +94,8 @@ class JobRecord:
     updated: float
     ended: float | None = None
     attempt: int = 0
-    restarts: int = 0
+    restarts: int = 0  # every whole-group restart
+    preemptions: int = 0  # of which after a preemption (not counted against max_restarts)
     last_cause: str = ""
     supervisor_pid: int | None = None
     supervisor_host: str = ""
@@ -112,6 +115,7 @@ class TaskRecord:
     trainer_pid: int | None = None
     exit_code: int | None = None
     epoch: int = 0
+    initial_epoch: int = 0  # > 0: this attempt resumed from a checkpoint
     step: int = 0
     loss: float | None = None
     steps_per_sec: float | None = None

@@ -1,8 +1,10 @@
-"""The supervisor: launch a job, watch it to the end, record everything in the store.
+"""The supervisor: launch a job, watch it to the end, restart the whole group on failure, and
+record everything in the store.
 
-It runs in the foreground (`orchestrate launch`) or as a detached background process
-(`orchestrate launch --detach`, i.e. `python -m orchestrator supervise JOB`). The rules live in
-monitor.py; this module does the I/O: status files, log streaming, store updates, stopping.
+It runs in the foreground (`orchestrate launch`), as a detached background process
+(`orchestrate launch --detach`, i.e. `python -m orchestrator supervise JOB`), or adopts a
+running job whose supervisor died (`orchestrate attach JOB`). The rules live in monitor.py; this
+module does the I/O: status files, log streaming, store updates, stopping, relaunching.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from orchestrator.backends import Backend, open_backend
 from orchestrator.config import ClusterConfig
 from orchestrator.errors import OrchestrateError
 from orchestrator.launcher import (
+    AGENT_STOP_MARGIN,
     AgentRef,
     job_layout,
     make_specs,
@@ -31,11 +34,24 @@ from orchestrator.launcher import (
     stop_agents,
 )
 from orchestrator.logstream import LineSink, LogTailer
-from orchestrator.monitor import Decision, TaskObservation, Verdict, decide, task_state_of
-from orchestrator.plan import LaunchPlan, task_slots
+from orchestrator.monitor import (
+    Decision,
+    FailureKind,
+    TaskObservation,
+    Verdict,
+    decide,
+    failure,
+    plan_restart,
+    task_state_of,
+)
+from orchestrator.plan import LaunchPlan, TaskPlan, task_slots
 from orchestrator.states import JobState, TaskState
 from orchestrator.store import JobRecord, Store, TaskRecord, orchestrate_home
-from worker.spec import TaskStatus
+from worker.spec import Phase, TaskStatus
+
+# A group that failed is broken (MWMS collectives cannot complete): no checkpoint can be taken,
+# so its tasks get a short SIGTERM grace before SIGKILL, and the restart starts sooner.
+BROKEN_GROUP_GRACE = 1.0
 
 
 def new_job_id(name: str) -> str:
@@ -86,8 +102,19 @@ class _Watch:
     started: float
     seq: dict[int, int] = field(default_factory=dict)
     seq_changed: dict[int, float] = field(default_factory=dict)
+    step: dict[int, int] = field(default_factory=dict)
+    step_changed: dict[int, float] = field(default_factory=dict)
     first_step: set[int] = field(default_factory=set)
     last: dict[int, dict[str, object]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _Group:
+    """One attempt's running group: what was planned and which agents run it."""
+
+    attempt: int
+    plan: LaunchPlan
+    agents: list[AgentRef]
 
 
 class Supervisor:
@@ -106,9 +133,11 @@ class Supervisor:
         self.backend = backend or open_backend(config)
         self.stop_requested = threading.Event()
         self.layout = job_layout(config, job.id)
-        self.attempt = 0
+        self.attempt = job.attempt
+        self._tailers: dict[int, LogTailer] = {}
         self._alive_cache: set[int] = set()
         self._alive_checked_at = float("-inf")
+        self._leftovers: list[AgentRef] = []  # agents of earlier attempts we could not stop
 
     def install_signal_handlers(self) -> None:
         def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -117,17 +146,45 @@ class Supervisor:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, on_signal)
 
+    # --- entry points -------------------------------------------------------------------
     def run(self) -> JobState:
-        """Launch and supervise to a terminal state; always leaves no agent running."""
+        """Launch a registered job and supervise it to a terminal state."""
+        return self._main(adopted=None)
+
+    def adopt(self) -> JobState:
+        """Supervise a job whose agents are running but whose supervisor is gone."""
+        tasks = self.store.tasks(self.job.id)
+        plan = LaunchPlan(self.job.name, tuple(_task_plan(t) for t in tasks))
+        agents = [AgentRef(t.idx, t.host_index, t.agent_pid) for t in tasks if t.agent_pid]
+        log_copies = self.sink.copy_dir
+        self._tailers = {
+            t.index: LogTailer(
+                self.backend.transport(t.host_index),
+                str(self.layout.log_path(t.index)),
+                offset=_size(log_copies / f"worker-{t.index}.log"),
+            )
+            for t in plan.tasks
+        }
+        self.store.add_event(self.job.id, "attached", f"supervisor {os.getpid()} adopted the job")
+        self.sink.info(f"attached to job {self.job.id} (attempt {self.job.attempt})")
+        group = _Group(self.job.attempt, plan, agents)
+        if len(agents) < len(plan.tasks):  # died mid-launch: the group is incomplete
+            return self._main(
+                adopted=group, first=failure(FailureKind.LOST, "launch was interrupted")
+            )
+        return self._main(adopted=group)
+
+    # --- the restart loop ---------------------------------------------------------------
+    def _main(self, adopted: _Group | None, first: Decision | None = None) -> JobState:
         job_id = self.job.id
         self.store.update_job(
             job_id,
-            state=JobState.LAUNCHING,
+            state=JobState.RUNNING if adopted else JobState.LAUNCHING,
             supervisor_pid=os.getpid(),
             supervisor_host=socket.gethostname(),
         )
         try:
-            return self._run_attempt(attempt=0)
+            return self._loop(adopted, first)
         except OrchestrateError as exc:
             self._finish(JobState.FAILED, str(exc))
             raise
@@ -135,19 +192,78 @@ class Supervisor:
             self.sink.close()
             self.backend.close()
 
-    def _run_attempt(self, attempt: int) -> JobState:
+    def _attempt(self, group: _Group | None) -> tuple[_Group | None, Decision | None]:
+        """Launch (unless adopted) and watch one attempt; a None decision: stop requested."""
+        if group is None:
+            try:
+                group = self._launch(self.attempt)
+            except OrchestrateError as exc:
+                if self.attempt == 0:
+                    raise  # the first launch fails fast: fix the hosts, then relaunch
+                return None, failure(FailureKind.LAUNCH, f"relaunch failed: {exc}")
+        return group, self._watch(group)
+
+    def _loop(self, group: _Group | None, pending: Decision | None) -> JobState:
+        job = self.store.get_job(self.job.id)
+        restarts, preemptions = job.restarts, job.preemptions
+        while True:
+            if pending is not None:
+                decision = pending
+            else:
+                group, outcome = self._attempt(group)
+                if outcome is None:
+                    assert group is not None
+                    return self._stop_on_request(group)
+                if outcome.verdict == Verdict.SUCCEEDED:
+                    assert group is not None
+                    return self._succeed(group, outcome)
+                decision = outcome
+            self.store.update_job(self.job.id, state=JobState.STOPPING, last_cause=decision.cause)
+            self.store.add_event(self.job.id, "failure", decision.cause, *decision.tasks[:1])
+            self.sink.info(f"{decision.cause}: stopping every task")
+            if group is not None:
+                preempted = decision.exit_code == self.config.restart.preemption_exit_code
+                grace = self.config.supervision.stop_grace if preempted else BROKEN_GROUP_GRACE
+                self._stop_group(group, grace)
+            restart = plan_restart(
+                decision,
+                self.config.restart,
+                restarts - preemptions,
+                self.config.supervision.on_startup_timeout == "restart",
+            )
+            if not restart.restart:
+                self._collect()
+                cause = decision.cause
+                if restarts:
+                    cause += f" ({restart.reason})"
+                self._finish(JobState.FAILED, cause)
+                return JobState.FAILED
+            restarts += 1
+            preemptions += 0 if restart.counts else 1
+            self.store.update_job(
+                self.job.id, state=JobState.RESTARTING, restarts=restarts, preemptions=preemptions
+            )
+            message = f"{restart.reason}, in {restart.delay:g}s, after: {decision.cause}"
+            self.store.add_event(self.job.id, "restart", message)
+            self.sink.info(message)
+            if self.stop_requested.wait(restart.delay):
+                self._finish(JobState.STOPPED, "stopped on request")
+                return JobState.STOPPED
+            self.attempt += 1
+            group, pending = None, None
+
+    def _launch(self, attempt: int) -> _Group:
         job_id, config = self.job.id, self.config
-        self.attempt = attempt
-        self.sink.info(f"preflight on {self.backend.host_count()} host(s)")
+        if self._leftovers:  # an earlier attempt's agents on a host that was unreachable
+            stopped = stop_agents(self.backend, self._leftovers, BROKEN_GROUP_GRACE)
+            self._leftovers = [a for a in self._leftovers if not stopped.get(a.task_index)]
+        self.sink.info(f"attempt {attempt}: preflight on {self.backend.host_count()} host(s)")
         reports = preflight(config, self.backend, job_id)
         if attempt == 0:
             run_setup(config, self.backend)
-        plan = plan_launch(config, reports)
+        plan = plan_launch(config, reports)  # ports probed afresh: TF_CONFIG rebuilt
         specs = make_specs(config, plan, job_id, attempt, self.backend)
         self.store.replace_tasks(job_id, self._task_records(plan, attempt))
-        if self.stop_requested.is_set():
-            self._finish(JobState.STOPPED, "stopped before launch")
-            return JobState.STOPPED
         pids = start_agents(self.backend, plan, specs, config.supervision.stop_grace)
         agents = [AgentRef(i, plan.tasks[i].host_index, pid) for i, pid in pids.items()]
         self.store.update_tasks(
@@ -159,27 +275,17 @@ class Supervisor:
             f"job {job_id}: {len(pids)} task(s) running; "
             + ", ".join(f"worker-{t.index}={t.endpoint}" for t in plan.tasks)
         )
-
-        watch = _Watch(started=time.monotonic())
-        decision = self._watch(plan, agents, watch)
-        if decision is None:
-            self.store.update_job(job_id, state=JobState.STOPPING)
-            self.sink.info("stop requested: stopping every task")
-            self._stop_all(plan, agents, watch)
-            self._finish(JobState.STOPPED, "stopped on request")
-            return JobState.STOPPED
-        if decision.verdict == Verdict.SUCCEEDED:
-            self._let_stragglers_finish(plan, agents, watch)
-            self._stop_all(plan, agents, watch)
-            self._collect()
-            self._finish(JobState.SUCCEEDED, decision.cause)
-            return JobState.SUCCEEDED
-        self.store.update_job(job_id, state=JobState.STOPPING, last_cause=decision.cause)
-        self.sink.info(f"{decision.cause}: stopping every task")
-        self._stop_all(plan, agents, watch)
-        self._collect()
-        self._finish(JobState.FAILED, decision.cause)
-        return JobState.FAILED
+        if not self._tailers:
+            self._tailers = {
+                t.index: LogTailer(
+                    self.backend.transport(t.host_index), str(self.layout.log_path(t.index))
+                )
+                for t in plan.tasks
+            }
+        else:  # same files, same offsets: a restart appends to each task's log
+            for t in plan.tasks:
+                self._tailers[t.index].transport = self.backend.transport(t.host_index)
+        return _Group(attempt, plan, agents)
 
     def _task_records(self, plan: LaunchPlan, attempt: int) -> list[TaskRecord]:
         return [
@@ -197,38 +303,36 @@ class Supervisor:
         ]
 
     # --- watching ---------------------------------------------------------------------
-    def _watch(self, plan: LaunchPlan, agents: list[AgentRef], watch: _Watch) -> Decision | None:
+    def _watch(self, group: _Group) -> Decision | None:
         """Poll until the group needs a decision; None when a stop was requested."""
         sup = self.config.supervision
-        self._tailers = {
-            t.index: LogTailer(
-                self.backend.transport(t.host_index), str(self.layout.log_path(t.index))
-            )
-            for t in plan.tasks
-        }
+        watch = _Watch(started=time.monotonic())
+        for t in self.store.tasks(self.job.id):  # adopted tasks may be past their first step
+            if t.first_step_at is not None and t.attempt == group.attempt:
+                watch.first_step.add(t.idx)
+        self._watch_state = watch
         while not self.stop_requested.is_set():
-            observations = self._observe(plan, agents, watch)
+            observations = self._observe(group, watch)
             decision = decide(
                 observations,
                 elapsed=time.monotonic() - watch.started,
                 startup_deadline=sup.startup_deadline,
                 heartbeat_timeout=sup.heartbeat_timeout,
+                progress_timeout=sup.progress_timeout,
             )
             if decision.verdict != Verdict.CONTINUE:
                 return decision
             self.stop_requested.wait(sup.poll_interval)
         return None
 
-    def _observe(
-        self, plan: LaunchPlan, agents: list[AgentRef], watch: _Watch
-    ) -> list[TaskObservation]:
+    def _observe(self, group: _Group, watch: _Watch) -> list[TaskObservation]:
         now_mono, now = time.monotonic(), time.time()
-        alive = self._alive_agents_cached(agents, now_mono)
+        alive = self._alive_agents_cached(group.agents, now_mono)
         observations: list[TaskObservation] = []
         updates: dict[int, dict[str, object]] = {}
-        for agent in agents:
+        for agent in group.agents:
             i = agent.task_index
-            task = plan.tasks[i]
+            task = group.plan.tasks[i]
             transport = self.backend.transport(task.host_index)
             try:
                 self.sink.task_lines(i, task.host_label, self._tailers[i].poll())
@@ -236,38 +340,31 @@ class Supervisor:
             except OrchestrateError:
                 # Unreachable this tick (the transport reconnects next time); its heartbeat
                 # age keeps growing, so a host that stays away is caught by the timeout.
-                last_state = watch.last.get(i, {}).get("state", TaskState.STARTING)
-                observations.append(
-                    TaskObservation(
-                        index=i,
-                        state=last_state
-                        if isinstance(last_state, TaskState)
-                        else TaskState.STARTING,
-                        heartbeat_age=now_mono - watch.seq_changed.get(i, watch.started),
-                        reached_first_step=i in watch.first_step,
-                        is_chief=task.is_chief,
-                    )
-                )
+                observations.append(self._unreachable(i, task, watch, now_mono))
                 continue
-            if status is not None and status.attempt != self.attempt:
+            if status is not None and status.attempt != group.attempt:
                 status = None  # left over from an earlier attempt
             state = task_state_of(status, agent.pid in alive)
+            progress = status.progress if status is not None else None
             if status is not None and status.seq != watch.seq.get(i):
                 watch.seq[i] = status.seq
                 watch.seq_changed[i] = now_mono
-            progress = status.progress if status is not None else None
+            if progress is not None and progress.step != watch.step.get(i):
+                watch.step[i] = progress.step
+                watch.step_changed[i] = now_mono
             if progress is not None and progress.step > 0 and i not in watch.first_step:
                 watch.first_step.add(i)
                 updates.setdefault(i, {})["first_step_at"] = now
             row: dict[str, object] = {"state": state}
-            if status is not None:
+            if status is not None and progress is not None:
                 row.update(
                     trainer_pid=status.trainer_pid,
                     exit_code=status.exit_code,
-                    epoch=progress.epoch if progress else 0,
-                    step=progress.step if progress else 0,
-                    loss=progress.loss if progress else None,
-                    steps_per_sec=progress.steps_per_sec if progress else None,
+                    epoch=progress.epoch,
+                    initial_epoch=progress.initial_epoch,
+                    step=progress.step,
+                    loss=progress.loss,
+                    steps_per_sec=progress.steps_per_sec,
                     seq=status.seq,
                 )
             if row != watch.last.get(i):
@@ -275,19 +372,31 @@ class Supervisor:
                 values = {k: v for k, v in row.items() if k != "seq"}
                 values["heartbeat_at"] = now - (now_mono - watch.seq_changed.get(i, now_mono))
                 updates.setdefault(i, {}).update(values)
-            age_since = watch.seq_changed.get(i, watch.started)
             observations.append(
                 TaskObservation(
                     index=i,
                     state=state,
                     exit_code=status.exit_code if status is not None else None,
-                    heartbeat_age=now_mono - age_since,
+                    heartbeat_age=now_mono - watch.seq_changed.get(i, watch.started),
+                    progress_age=now_mono - watch.step_changed.get(i, watch.started),
+                    phase=progress.phase if progress is not None else Phase.NONE,
                     reached_first_step=i in watch.first_step,
                     is_chief=task.is_chief,
                 )
             )
         self.store.update_tasks(self.job.id, updates)
         return observations
+
+    @staticmethod
+    def _unreachable(i: int, task: TaskPlan, watch: _Watch, now: float) -> TaskObservation:
+        last_state = watch.last.get(i, {}).get("state", TaskState.STARTING)
+        return TaskObservation(
+            index=i,
+            state=last_state if isinstance(last_state, TaskState) else TaskState.STARTING,
+            heartbeat_age=now - watch.seq_changed.get(i, watch.started),
+            reached_first_step=i in watch.first_step,
+            is_chief=task.is_chief,
+        )
 
     def _alive_agents_cached(self, agents: list[AgentRef], now: float) -> set[int]:
         """Liveness at most every backend.alive_check_interval (a remote command each)."""
@@ -311,28 +420,42 @@ class Supervisor:
         return alive
 
     # --- ending -----------------------------------------------------------------------
-    def _let_stragglers_finish(
-        self, plan: LaunchPlan, agents: list[AgentRef], watch: _Watch
-    ) -> None:
-        """After the chief succeeds, the others are normally exiting too: give them a moment."""
+    def _succeed(self, group: _Group, outcome: Decision) -> JobState:
+        # The chief succeeded: the others are normally exiting too; give them a moment.
         deadline = time.monotonic() + self.config.supervision.stop_grace
         while time.monotonic() < deadline and not self.stop_requested.is_set():
-            if not self._alive_agents(agents):
+            if not self._alive_agents(group.agents):
                 break
             time.sleep(self.config.supervision.poll_interval)
-        self._observe(plan, agents, watch)
+        self._stop_group(group, self.config.supervision.stop_grace + AGENT_STOP_MARGIN)
+        self._collect()
+        self._finish(JobState.SUCCEEDED, outcome.cause)
+        return JobState.SUCCEEDED
 
-    def _stop_all(self, plan: LaunchPlan, agents: list[AgentRef], watch: _Watch) -> None:
+    def _stop_on_request(self, group: _Group) -> JobState:
+        self.store.update_job(self.job.id, state=JobState.STOPPING)
+        self.sink.info("stop requested: stopping every task")
+        self._stop_group(group, self.config.supervision.stop_grace + AGENT_STOP_MARGIN)
+        self._finish(JobState.STOPPED, "stopped on request")
+        return JobState.STOPPED
+
+    def _stop_group(self, group: _Group, grace: float) -> None:
+        """Stop every agent's process group; record final states; flush the logs."""
         running_before = {t.idx for t in self.store.tasks(self.job.id) if not t.state.is_terminal()}
-        results = stop_agents(self.backend, agents, self.config.supervision.stop_grace)
-        self._observe(plan, agents, watch)  # final statuses (exit codes) after the stop
-        for agent in agents:
-            i = agent.task_index
-            task = plan.tasks[i]
-            self.sink.task_lines(i, task.host_label, self._tailers[i].flush())
-        stuck = [i for i, ok in results.items() if not ok]
+        results = stop_agents(self.backend, group.agents, grace)
+        self._alive_checked_at = float("-inf")
+        self._observe(group, getattr(self, "_watch_state", _Watch(started=time.monotonic())))
+        for agent in group.agents:
+            task = group.plan.tasks[agent.task_index]
+            with _suppress():
+                self.sink.task_lines(
+                    agent.task_index, task.host_label, self._tailers[agent.task_index].flush()
+                )
+        stuck = [a for a in group.agents if not results.get(a.task_index)]
         if stuck:
-            self.store.add_event(self.job.id, "stop_failed", f"could not stop tasks {stuck}")
+            self._leftovers.extend(stuck)
+            names = ", ".join(f"worker-{a.task_index}" for a in stuck)
+            self.store.add_event(self.job.id, "stop_failed", f"could not stop {names} (yet)")
         # We stopped them: a task without a final status of its own is stopped, not lost.
         self.store.update_tasks(
             self.job.id,
@@ -354,6 +477,35 @@ class Supervisor:
         self.store.update_job(self.job.id, state=state, last_cause=cause)
         self.store.add_event(self.job.id, state.value, cause)
         self.sink.info(f"job {self.job.id} {state.value}: {cause}")
+
+
+class _suppress:
+    """Ignore a transport error while flushing logs of an unreachable host."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, *rest: object) -> bool:
+        return kind is not None and issubclass(kind, OrchestrateError)
+
+
+def _task_plan(task: TaskRecord) -> TaskPlan:
+    host, _, port = task.address.rpartition(":")
+    return TaskPlan(
+        index=task.idx,
+        host_index=task.host_index,
+        host_label=task.host,
+        address=host.strip("[]"),
+        port=int(port) if port.isdigit() else None,
+        type=task.type,
+    )
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
 
 
 def collect_job(backend: Backend, job_root: object, dest: Path) -> int:

@@ -140,30 +140,60 @@ def test_validate_and_dry_run_print_every_tf_config(
 
 
 def _job_pids(job: dict, shared: Path) -> list[int]:
-    pids = [t["agent_pid"] for t in job["tasks"] if t["agent_pid"]]
-    for pidfile in shared.glob(f"{job['id']}/tasks/*/trainer.pid"):
-        pids.append(int(pidfile.read_text()))
-    return pids
+    """Every agent and trainer pid of every attempt (the stand-in trainer records them)."""
+    pids = {t["agent_pid"] for t in job["tasks"] if t["agent_pid"]}
+    for pidfile in shared.glob(f"{job['id']}/tasks/*/trainer.pids"):
+        pids.update(int(p) for p in pidfile.read_text().split())
+    return sorted(pids)
 
 
 def test_a_failing_task_stops_the_group_and_fails_the_job(
     tmp_path: Path, cli: Callable[..., CliResult], reap_pids: list[int]
 ) -> None:
     path = tmp_path / "c.toml"
-    path.write_text(fake_job(tmp_path, ["--mode", "sleep", "--task-1", "fail:3"]))
+    path.write_text(
+        fake_job(
+            tmp_path,
+            ["--mode", "sleep", "--task-1", "fail:3"],
+            extra="[restart]\nmax_restarts = 2\nbackoff = 0.1\n",
+        )
+    )
     result = cli("launch", str(path), timeout=60)
     assert result.code == 1, result
     [job] = status_json(cli)["jobs"]
     pids = _job_pids(job, tmp_path / "shared")
     reap_pids.extend(pids)
     assert job["state"] == "failed"
-    assert job["last_cause"] == "worker-1 exited with code 3"
+    assert job["restarts"] == 2 and job["tasks"][0]["attempt"] == 2
+    assert job["last_cause"] == "worker-1 exited with code 3 (max_restarts (2) reached)"
     states = {t["index"]: (t["state"], t["exit_code"]) for t in job["tasks"]}
     assert states[1] == ("failed", 3)
     assert states[0][0] == "stopped"
-    assert len(pids) == 4 and not [p for p in pids if is_alive(p)]
+    assert len(pids) == 12 and not [p for p in pids if is_alive(p)]  # 3 attempts x 2 x 2
+    kinds = [e["kind"] for e in status_json(cli, job["id"])["jobs"][0]["events"]]
+    assert kinds.count("restart") == 2 and kinds.count("launched") == 3
     assert "[worker-1 local] task 1 mode fail:3" in result.out
     assert "[worker-0 local] task 0 mode sleep" in result.out
+
+
+def test_a_non_retryable_exit_code_fails_without_restart(
+    tmp_path: Path, cli: Callable[..., CliResult], reap_pids: list[int]
+) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text(
+        fake_job(
+            tmp_path,
+            ["--mode", "sleep", "--task-0", "fail:2"],
+            extra="[restart]\nretryable_exit_codes = [137, 143]\n",
+        )
+    )
+    result = cli("launch", str(path), timeout=60)
+    [job] = status_json(cli)["jobs"]
+    reap_pids.extend(_job_pids(job, tmp_path / "shared"))
+    assert result.code == 1
+    assert job["restarts"] == 0
+    assert job["last_cause"] == "worker-0 exited with code 2"
+    assert not [p for p in _job_pids(job, tmp_path / "shared") if is_alive(p)]
 
 
 def test_successful_job_streams_whole_prefixed_lines_with_args_byte_for_byte(

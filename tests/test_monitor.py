@@ -1,6 +1,14 @@
 from __future__ import annotations
 
-from orchestrator.monitor import TaskObservation, Verdict, decide, task_state_of
+from orchestrator.monitor import (
+    FailureKind,
+    TaskObservation,
+    Verdict,
+    decide,
+    failure,
+    plan_restart,
+    task_state_of,
+)
 from orchestrator.states import JobState, TaskState
 from worker.spec import AgentState, TaskStatus
 
@@ -54,7 +62,7 @@ def test_startup_deadline_names_tasks_that_never_stepped() -> None:
     assert decide(tasks, **{**KW, "elapsed": 59}).verdict == Verdict.CONTINUE
     d = decide(tasks, **{**KW, "elapsed": 61})
     assert d.verdict == Verdict.FAILED and d.tasks == (1,)
-    assert "never reached the first training step: worker-1" in d.cause
+    assert "startup deadline of 60s passed" in d.cause
 
 
 def test_task_state_mapping() -> None:
@@ -79,3 +87,75 @@ def test_terminal_sets() -> None:
         JobState.FAILED,
         JobState.STOPPED,
     }
+
+
+def test_watchdog_fires_only_while_training_after_the_first_step() -> None:
+    from worker.spec import Phase
+
+    kw = {**KW, "progress_timeout": 8.0}
+    hung = obs(
+        1,
+        TaskState.RUNNING,
+        heartbeat_age=0.5,
+        progress_age=9,
+        phase=Phase.TRAINING,
+        reached_first_step=True,
+    )
+    ok = obs(
+        0,
+        TaskState.RUNNING,
+        heartbeat_age=0.5,
+        progress_age=1,
+        phase=Phase.TRAINING,
+        reached_first_step=True,
+    )
+    d = decide([ok, hung], **kw)
+    assert d.verdict == Verdict.FAILED and d.kind == FailureKind.HUNG and d.tasks == (1,)
+    assert d.cause == "no training progress for 8s from worker-1"
+    saving = obs(
+        1,
+        TaskState.RUNNING,
+        heartbeat_age=0.5,
+        progress_age=30,
+        phase=Phase.FINISHED,
+        reached_first_step=True,
+    )
+    assert decide([ok, saving], **kw).verdict == Verdict.CONTINUE
+    assert decide([ok, hung], **{**kw, "progress_timeout": 0}).verdict == Verdict.CONTINUE
+
+
+def test_startup_deadline_names_the_task_that_never_reported_first() -> None:
+    from worker.spec import Phase
+
+    waiting = obs(0, TaskState.RUNNING, heartbeat_age=1, phase=Phase.JOINING)
+    silent = obs(1, TaskState.RUNNING, heartbeat_age=1, phase=Phase.NONE)
+    d = decide([waiting, silent], **{**KW, "elapsed": 61})
+    assert d.kind == FailureKind.STARTUP and d.tasks == (1,)
+    assert d.cause.endswith("never reported: worker-1; waiting for peers: worker-0")
+
+
+def test_restart_policy() -> None:
+    from orchestrator.config import RestartSection
+
+    policy = RestartSection(
+        max_restarts=2,
+        backoff=1.0,
+        backoff_max=1.5,
+        retryable_exit_codes=[137],
+        preemption_exit_code=42,
+    )
+    crash = failure(FailureKind.EXITED, "worker-1 exited with code 137", (1,), 137)
+    first = plan_restart(crash, policy, 0, False)
+    assert (first.restart, first.counts, first.delay) == (True, True, 1.0)
+    assert plan_restart(crash, policy, 1, False).delay == 1.5  # doubled, capped
+    assert not plan_restart(crash, policy, 2, False).restart  # max_restarts reached
+    usage = failure(FailureKind.EXITED, "worker-0 exited with code 2", (0,), 2)
+    assert plan_restart(usage, policy, 0, False).reason == "exit code 2 is not retryable"
+    preempted = failure(FailureKind.EXITED, "worker-0 exited with code 42", (0,), 42)
+    plan = plan_restart(preempted, policy, 2, False)  # even with no restarts left
+    assert plan.restart and not plan.counts
+    lost = failure(FailureKind.LOST, "worker-1's agent is gone", (1,))
+    assert plan_restart(lost, policy, 0, False).restart  # always retryable
+    late = failure(FailureKind.STARTUP, "startup deadline", (1,))
+    assert not plan_restart(late, policy, 0, False).restart
+    assert plan_restart(late, policy, 0, True).restart

@@ -110,16 +110,19 @@ class Agent:
             if self._stop_requested.is_set():  # a stop arrived while we were starting
                 self._forward_stop()
             code = self._supervise(self._trainer)
-            state = (
-                AgentState.SUCCEEDED
-                if code == 0
-                else AgentState.STOPPED
-                if self._stop_requested.is_set()
-                else AgentState.FAILED
-            )
+            state = self._final_state(code)
             log.write(f"[orchestrate] trainer exited with code {code} ({state})\n".encode())
         self._write_status(state, exit_code=code)
         return code
+
+    def _final_state(self, code: int) -> AgentState:
+        if code == 0:
+            return AgentState.SUCCEEDED
+        # A preempted trainer checkpointed and asks for a restart: that is a failure the
+        # coordinator acts on, even though it followed a SIGTERM.
+        if self._stop_requested.is_set() and code != self.spec.preemption_exit_code:
+            return AgentState.STOPPED
+        return AgentState.FAILED
 
     def _supervise(self, trainer: subprocess.Popen[bytes]) -> int:
         interval = self.spec.heartbeat_interval

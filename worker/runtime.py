@@ -33,6 +33,7 @@ from worker.spec import (
     ENV_JOB_DIR,
     ENV_PROGRESS_FILE,
     ENV_TASK_DIR,
+    Phase,
     Progress,
     write_json_atomic,
 )
@@ -73,7 +74,7 @@ def task_context(default_dir: str | os.PathLike[str] = "orchestrate-run") -> Tas
     task_index = int(task.get("index", 0))
     task_dir = Path(os.environ.get(ENV_TASK_DIR, job_dir / "tasks" / str(task_index)))
     progress = os.environ.get(ENV_PROGRESS_FILE)
-    return TaskContext(
+    ctx = TaskContext(
         task_type=task.get("type", "worker"),
         task_index=task_index,
         num_workers=max(num_workers, 1),
@@ -81,6 +82,14 @@ def task_context(default_dir: str | os.PathLike[str] = "orchestrate-run") -> Tas
         task_dir=task_dir,
         progress_file=Path(progress) if progress else None,
     )
+    report_phase(ctx, Phase.STARTING)
+    return ctx
+
+
+def report_phase(ctx: TaskContext, phase: Phase) -> None:
+    """Tell the agent how far this task got (outside model.fit, where the callback reports)."""
+    if ctx.progress_file is not None:
+        write_json_atomic(ctx.progress_file, Progress(phase=phase).model_dump(mode="json"))
 
 
 def make_strategy(ctx: TaskContext) -> tf.distribute.Strategy:
@@ -89,7 +98,10 @@ def make_strategy(ctx: TaskContext) -> tf.distribute.Strategy:
     Create it at program start: MWMS requires TF_CONFIG before any other TensorFlow work.
     """
     if "TF_CONFIG" in os.environ and ctx.num_workers >= 1:
-        return tf.distribute.MultiWorkerMirroredStrategy()
+        report_phase(ctx, Phase.JOINING)  # blocks here until every peer has connected
+        strategy = tf.distribute.MultiWorkerMirroredStrategy()
+        report_phase(ctx, Phase.JOINED)
+        return strategy
     return tf.distribute.get_strategy()
 
 
@@ -155,6 +167,15 @@ class ProgressReporter(tf.keras.callbacks.Callback):
         self._window_start = time.monotonic()
         self._window_steps = 0
         self._steps_per_sec: float | None = None
+        self._phase = Phase.TRAINING
+
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+        self._phase = Phase.TRAINING
+        self._write(force=True)
+
+    def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
+        self._phase = Phase.FINISHED  # evaluation and saving follow: no steps, not hung
+        self._write(force=True)
 
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         if self._initial_epoch is None:
@@ -184,6 +205,7 @@ class ProgressReporter(tf.keras.callbacks.Callback):
             self._steps_per_sec = self._window_steps / elapsed
             self._window_start, self._window_steps = now, 0
         progress = Progress(
+            phase=self._phase,
             epoch=self._epoch,
             step=self._step,
             loss=self._loss,
@@ -195,14 +217,21 @@ class ProgressReporter(tf.keras.callbacks.Callback):
         self._last_write = now
 
 
-def callbacks(ctx: TaskContext) -> list[tf.keras.callbacks.Callback]:
+def callbacks(
+    ctx: TaskContext, strategy: tf.distribute.Strategy | None = None
+) -> list[tf.keras.callbacks.Callback]:
     """BackupAndRestore on the shared directory (resume after a restart) + progress reporting.
 
     tf-keras's BackupAndRestore is multi-worker aware: the chief writes the backup, the other
-    workers write to temporary directories that it removes.
+    workers write to temporary directories that it removes. Under MWMS it also checkpoints
+    before a preemption: on SIGTERM every worker saves at the same step and exits with code 42,
+    which orchestrate answers with a restart that does not count against max_restarts.
     """
+    multi_worker = isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
     result: list[tf.keras.callbacks.Callback] = [
-        tf.keras.callbacks.BackupAndRestore(backup_dir=str(ctx.backup_dir))
+        tf.keras.callbacks.BackupAndRestore(
+            backup_dir=str(ctx.backup_dir), save_before_preemption=multi_worker
+        )
     ]
     if ctx.progress_file is not None:
         result.append(ProgressReporter(ctx.progress_file))

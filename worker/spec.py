@@ -74,6 +74,7 @@ class WorkerSpec(BaseModel):
     shared_dir: str
     heartbeat_interval: float = 1.0
     stop_grace: float = 10.0
+    preemption_exit_code: int = 42
 
     @property
     def layout(self) -> JobLayout:
@@ -91,11 +92,23 @@ class AgentState(StrEnum):
         return self in (AgentState.SUCCEEDED, AgentState.FAILED, AgentState.STOPPED)
 
 
+class Phase(StrEnum):
+    """How far a trainer got, as the runtime reports it."""
+
+    NONE = ""  # nothing reported (not started, or not using worker.runtime)
+    STARTING = "starting"  # the runtime read TF_CONFIG
+    JOINING = "joining"  # creating the strategy: waiting for every peer to connect
+    JOINED = "joined"  # the strategy exists: every peer connected
+    TRAINING = "training"  # inside model.fit
+    FINISHED = "finished"  # model.fit returned (evaluation, saving)
+
+
 class Progress(BaseModel):
-    """Training progress, written by the runtime's Keras callback and relayed by the agent."""
+    """Training progress, written by the runtime and relayed by the agent."""
 
     model_config = ConfigDict(extra="ignore", frozen=True)
 
+    phase: Phase = Phase.NONE
     epoch: int = 0  # epochs started, 1-based; 0 before the first
     step: int = 0  # optimizer steps done in this attempt
     loss: float | None = None

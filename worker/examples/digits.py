@@ -59,7 +59,7 @@ def main() -> None:
         data.dataset,
         epochs=args.epochs,
         steps_per_epoch=data.steps_per_epoch,
-        callbacks=runtime.callbacks(ctx),
+        callbacks=runtime.callbacks(ctx, strategy),
         verbose=2,
     )
 
