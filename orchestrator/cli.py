@@ -250,6 +250,7 @@ def _job_view(job: JobRecord, tasks: list[TaskRecord], now: float) -> dict[str, 
                 "step": t.step,
                 "loss": t.loss,
                 "steps_per_sec": t.steps_per_sec,
+                "first_step_at": t.first_step_at,
                 "heartbeat_age": None
                 if t.heartbeat_at is None
                 else round(max(now - t.heartbeat_at, 0.0), 2),

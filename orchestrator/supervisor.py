@@ -456,14 +456,14 @@ class Supervisor:
             self._leftovers.extend(stuck)
             names = ", ".join(f"worker-{a.task_index}" for a in stuck)
             self.store.add_event(self.job.id, "stop_failed", f"could not stop {names} (yet)")
-        # We stopped them: a task without a final status of its own is stopped, not lost.
+        # We stopped them: whatever they reported while going down (lost, or the preemption
+        # exit code of a trainer that checkpointed on our SIGTERM), they are stopped.
         self.store.update_tasks(
             self.job.id,
             {
                 t.idx: {"state": TaskState.STOPPED}
                 for t in self.store.tasks(self.job.id)
-                if t.idx in running_before
-                and (not t.state.is_terminal() or t.state == TaskState.LOST)
+                if t.idx in running_before and t.state != TaskState.SUCCEEDED
             },
         )
 

@@ -79,6 +79,28 @@ def wait_for(predicate: Callable[[], object], timeout: float, interval: float = 
     raise AssertionError(f"condition not met within {timeout}s")
 
 
+def job_processes(job_id: str) -> list[int]:
+    """Every live process of a job, found from /proc: agents by their spec path, trainers by
+    the ORCHESTRATE_JOB_ID in their environment. Whatever attempt started them."""
+    from worker.proctl import is_alive
+
+    found = []
+    needle = f"ORCHESTRATE_JOB_ID={job_id}".encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+            environ = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if (f"/{job_id}/tasks/".encode() in cmdline or needle in environ.split(b"\0")) and is_alive(
+            int(entry.name)
+        ):
+            found.append(int(entry.name))
+    return found
+
+
 @pytest.fixture
 def reap_pids() -> Iterator[list[int]]:
     """Pids a test started (directly or through orchestrate): SIGKILLed at teardown if alive."""

@@ -16,6 +16,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
+import sys
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -217,24 +220,58 @@ class ProgressReporter(tf.keras.callbacks.Callback):
         self._last_write = now
 
 
+PREEMPTION_EXIT_CODE = 42  # what orchestrate's restart.preemption_exit_code expects
+
+
+class PreemptionCheckpoint(tf.keras.callbacks.Callback):
+    """SIGTERM (a preempting scheduler, or `orchestrate stop`) ends training at the next epoch
+    boundary, after that epoch's BackupAndRestore checkpoint, on every worker at once, with exit
+    code 42: orchestrate restarts the group without counting it against max_restarts.
+
+    The workers agree with one all-reduce per epoch (the signal may reach only one of them).
+    TensorFlow's own PreemptionCheckpointHandler is enabled by tf-keras on GCP only, hence this.
+    """
+
+    def __init__(self, strategy: tf.distribute.Strategy, exit_code: int = PREEMPTION_EXIT_CODE):
+        super().__init__()
+        self.exit_code = exit_code
+        self._signalled = threading.Event()
+        signal.signal(signal.SIGTERM, lambda signum, frame: self._signalled.set())
+
+        @tf.function
+        def count_signalled(flag: tf.Tensor) -> tf.Tensor:
+            per_replica = strategy.run(lambda: tf.identity(flag))
+            return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+
+        self._count_signalled = count_signalled
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        flag = tf.constant(1.0 if self._signalled.is_set() else 0.0)
+        if float(self._count_signalled(flag)) > 0:
+            print(f"preempted: checkpointed epoch {epoch + 1}, exiting with "
+                  f"{self.exit_code} for a restart", flush=True)  # fmt: skip
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(self.exit_code)  # not SystemExit: TensorFlow's threads would hold exit
+
+
 def callbacks(
     ctx: TaskContext, strategy: tf.distribute.Strategy | None = None
 ) -> list[tf.keras.callbacks.Callback]:
-    """BackupAndRestore on the shared directory (resume after a restart) + progress reporting.
+    """BackupAndRestore on the shared directory (resume after a restart), progress reporting,
+    and, given the strategy, a checkpoint-then-exit on preemption (SIGTERM).
 
     tf-keras's BackupAndRestore is multi-worker aware: the chief writes the backup, the other
-    workers write to temporary directories that it removes. Under MWMS it also checkpoints
-    before a preemption: on SIGTERM every worker saves at the same step and exits with code 42,
-    which orchestrate answers with a restart that does not count against max_restarts.
+    workers write to temporary directories that it removes. Order matters: the epoch's backup
+    is written before the preemption check runs.
     """
-    multi_worker = isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
     result: list[tf.keras.callbacks.Callback] = [
-        tf.keras.callbacks.BackupAndRestore(
-            backup_dir=str(ctx.backup_dir), save_before_preemption=multi_worker
-        )
+        tf.keras.callbacks.BackupAndRestore(backup_dir=str(ctx.backup_dir))
     ]
     if ctx.progress_file is not None:
         result.append(ProgressReporter(ctx.progress_file))
+    if strategy is not None:
+        result.append(PreemptionCheckpoint(strategy))
     return result
 
 

@@ -1,0 +1,229 @@
+"""Fault tolerance with real processes and real TensorFlow MWMS training on the local backend:
+each test injects one fault, then asserts the outcome, the restart count and cause, that
+training resumed from a later epoch than zero, and that no process of the job is left."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, CliResult, job_processes, status_json, wait_for
+from worker.proctl import is_alive
+
+pytestmark = pytest.mark.slow
+FAULTY = Path(__file__).parent / "fixtures" / "faulty_digits.py"
+
+
+def fault_config(
+    tmp_path: Path, epochs: int, *, supervision: str = "", restart: str = "", fault: str = ""
+) -> Path:
+    shared = tmp_path / "shared"
+    entry = (
+        f'script = "{FAULTY}"\nenv = {{ TF_CPP_MIN_LOG_LEVEL = "2", FAULT = "{fault}" }}'
+        if fault
+        else 'module = "worker.examples.digits"\nenv = { TF_CPP_MIN_LOG_LEVEL = "2" }'
+    )
+    path = tmp_path / "cluster.toml"
+    path.write_text(
+        f"""
+[job]
+name = "faults"
+shared_dir = "{shared}"
+
+[entrypoint]
+{entry}
+args = ["--epochs", "{epochs}"]
+workdir = "{REPO}"
+
+[backend]
+type = "local"
+workers = 2
+
+[supervision]
+heartbeat_interval = 0.5
+stop_grace = 5.0
+{supervision}
+
+[restart]
+backoff = 0.2
+{restart}
+"""
+    )
+    return path
+
+
+def job_view(cli: Callable[..., CliResult], job_id: str) -> dict:
+    return status_json(cli, job_id)["jobs"][0]
+
+
+def launch_detached(cli: Callable[..., CliResult], path: Path, reap: list[int]) -> str:
+    result = cli("launch", "--detach", str(path))
+    assert result.code == 0, result
+    job = status_json(cli)["jobs"][0]
+    reap.append(job["supervisor"]["pid"])
+    return job["id"]
+
+
+def wait_for_epoch(cli: Callable[..., CliResult], job_id: str, epoch: int, reap: list[int]) -> dict:
+    def reached() -> dict | None:
+        job = job_view(cli, job_id)
+        reap.extend(p for t in job["tasks"] for p in (t["agent_pid"], t["pid"]) if p)
+        ok = job["state"] == "running" and all(t["epoch"] >= epoch for t in job["tasks"])
+        return job if ok else None
+
+    return wait_for(reached, 150)  # type: ignore[return-value]
+
+
+def wait_for_end(cli: Callable[..., CliResult], job_id: str, timeout: float = 240) -> dict:
+    def ended() -> dict | None:
+        job = job_view(cli, job_id)
+        return job if job["state"] in ("succeeded", "failed", "stopped") else None
+
+    return wait_for(ended, timeout, interval=0.5)  # type: ignore[return-value]
+
+
+def event_times(job: dict, kind: str) -> list[float]:
+    return [e["ts"] for e in job["events"] if e["kind"] == kind]
+
+
+def report_timing(name: str, fault_at: float, job: dict) -> None:
+    """Printed for the record (pytest -s): kill -> stop begun, -> restart, -> training resumed."""
+    failure = min(t for t in event_times(job, "failure") if t >= fault_at)
+    launched = min(t for t in event_times(job, "launched") if t >= fault_at)
+    resumed = min(t["first_step_at"] for t in job["tasks"])
+    print(
+        f"\n[timing] {name}: detected+stopping {failure - fault_at:.2f}s, "
+        f"relaunched {launched - fault_at:.2f}s, training resumed {resumed - fault_at:.2f}s"
+    )
+
+
+def assert_resumed_and_clean(job: dict, restarts: int, cause: str) -> None:
+    assert job["state"] == "succeeded", job["last_cause"]
+    assert job["restarts"] == restarts
+    restart_events = [e["message"] for e in job["events"] if e["kind"] == "restart"]
+    assert len(restart_events) == restarts and cause in restart_events[0]
+    assert all(t["initial_epoch"] > 0 for t in job["tasks"])  # resumed, not from epoch 0
+    assert all(t["attempt"] == restarts for t in job["tasks"])
+    wait_for(lambda: not job_processes(job["id"]), 10)
+
+
+def test_sigkill_of_a_trainer_restarts_the_group_which_resumes(
+    tmp_path: Path, cli: Callable[..., CliResult], reap_pids: list[int]
+) -> None:
+    job_id = launch_detached(cli, fault_config(tmp_path, 10), reap_pids)
+    running = wait_for_epoch(cli, job_id, 4, reap_pids)
+    killed_at = time.time()
+    os.kill(running["tasks"][1]["pid"], signal.SIGKILL)
+    job = wait_for_end(cli, job_id)
+    assert_resumed_and_clean(job, 1, "worker-1 exited with code 137")
+    report_timing("local trainer SIGKILL", killed_at, job)
+
+
+def test_sigkill_of_an_agent_takes_its_trainer_and_restarts_the_group(
+    tmp_path: Path, cli: Callable[..., CliResult], reap_pids: list[int]
+) -> None:
+    job_id = launch_detached(cli, fault_config(tmp_path, 10), reap_pids)
+    running = wait_for_epoch(cli, job_id, 4, reap_pids)
+    agent, trainer = running["tasks"][1]["agent_pid"], running["tasks"][1]["pid"]
+    os.kill(agent, signal.SIGKILL)
+    wait_for(lambda: not is_alive(trainer), 5)  # PR_SET_PDEATHSIG: it dies with its agent
+    job = wait_for_end(cli, job_id)
+    assert_resumed_and_clean(job, 1, "worker-1's agent is gone")
+
+
+def test_a_hung_trainer_is_caught_by_the_watchdog(
+    tmp_path: Path, cli: Callable[..., CliResult], reap_pids: list[int]
+) -> None:
+    path = fault_config(tmp_path, 10, supervision="progress_timeout = 5.0")
+    job_id = launch_detached(cli, path, reap_pids)
+    running = wait_for_epoch(cli, job_id, 4, reap_pids)
+    stopped_at = time.time()
+    os.kill(running["tasks"][1]["pid"], signal.SIGSTOP)  # alive, heartbeating agent, no steps
+    job = wait_for_end(cli, job_id)
+    assert_resumed_and_clean(job, 1, "no training progress for 5s")
+    failure = min(t for t in event_times(job, "failure") if t >= stopped_at)
+    assert 5.0 <= failure - stopped_at < 9.0
+
+
+def test_a_task_that_never_joins_fails_the_startup_deadline_naming_it(
+    tmp_path: Path, cli: Callable[..., CliResult], reap_pids: list[int]
+) -> None:
+    path = fault_config(tmp_path, 3, supervision="startup_deadline = 12.0",
+                        fault="never-join:1")  # fmt: skip
+    started = time.time()
+    result = cli("launch", str(path), timeout=120)
+    assert result.code == 1, result
+    job = status_json(cli, status_json(cli)["jobs"][0]["id"])["jobs"][0]
+    assert job["state"] == "failed" and job["restarts"] == 0
+    assert job["last_cause"] == (
+        "startup deadline of 12s passed; never reported: worker-1; waiting for peers: worker-0"
+    )
+    assert 12 <= job["ended"] - started < 30
+    assert not job_processes(job["id"])
+
+
+def test_failures_beyond_max_restarts_fail_the_job_with_its_cause(
+    tmp_path: Path, cli: Callable[..., CliResult], reap_pids: list[int]
+) -> None:
+    path = fault_config(tmp_path, 6, restart="max_restarts = 1", fault="crash-at-epoch:1:3")
+    result = cli("launch", str(path), timeout=240)
+    assert result.code == 1, result.out[-2000:]
+    job = status_json(cli, status_json(cli)["jobs"][0]["id"])["jobs"][0]
+    assert job["state"] == "failed" and job["restarts"] == 1
+    assert job["last_cause"] == "worker-1 exited with code 3 (max_restarts (1) reached)"
+    assert result.out.count("[worker-1 local] injected crash at epoch 3") == 2
+    assert [t["initial_epoch"] for t in job["tasks"]] == [2, 2]  # the second attempt resumed
+    assert not job_processes(job["id"])
+
+
+def test_preemption_checkpoints_and_restarts_without_counting(
+    tmp_path: Path, cli: Callable[..., CliResult], reap_pids: list[int]
+) -> None:
+    path = fault_config(tmp_path, 10, restart="max_restarts = 0")
+    job_id = launch_detached(cli, path, reap_pids)
+    running = wait_for_epoch(cli, job_id, 4, reap_pids)
+    os.kill(running["tasks"][1]["pid"], signal.SIGTERM)  # what a preempting scheduler sends
+    job = wait_for_end(cli, job_id)
+    assert job["state"] == "succeeded", job["last_cause"]
+    assert job["restarts"] == 1 and job["preemptions"] == 1  # allowed with max_restarts = 0
+    restart = next(e["message"] for e in job["events"] if e["kind"] == "restart")
+    assert "preempted" in restart and "exited with code 42" in restart
+    assert all(t["initial_epoch"] > 0 for t in job["tasks"])
+    wait_for(lambda: not job_processes(job_id), 10)
+
+
+def test_killed_supervisor_leaves_training_running_and_attach_finishes_it(
+    tmp_path: Path, cli: Callable[..., CliResult], reap_pids: list[int], home: Path
+) -> None:
+    job_id = launch_detached(cli, fault_config(tmp_path, 14), reap_pids)
+    running = wait_for_epoch(cli, job_id, 3, reap_pids)
+    supervisor = running["supervisor"]["pid"]
+    os.kill(supervisor, signal.SIGKILL)
+    wait_for(lambda: not is_alive(supervisor), 5)
+    orphaned = job_view(cli, job_id)
+    assert orphaned["state"] == "running" and orphaned["supervisor"]["alive"] is False
+    assert "supervisor gone" in cli("status", job_id).out
+
+    status_file = Path(running["job_dir"]) / "tasks" / "0" / "status.json"
+    step = json.loads(status_file.read_text())["progress"]["step"]
+    wait_for(lambda: json.loads(status_file.read_text())["progress"]["step"] > step + 20, 30)
+
+    attach = subprocess.run([sys.executable, "-m", "orchestrator", "attach", job_id],
+                            capture_output=True, text=True, timeout=240, cwd=REPO)  # fmt: skip
+    assert attach.returncode == 0, attach.stdout[-2000:] + attach.stderr
+    assert f"attached to job {job_id}" in attach.stdout
+    job = job_view(cli, job_id)
+    assert job["state"] == "succeeded" and job["restarts"] == 0
+    assert all(t["epoch"] == 14 for t in job["tasks"])
+    for i in (0, 1):  # the adopted log stream continued where the dead supervisor stopped
+        copy = (home / "jobs" / job_id / "logs" / f"worker-{i}.log").read_bytes()
+        assert copy == (Path(job["job_dir"]) / "logs" / f"worker-{i}.log").read_bytes()
+    assert not job_processes(job_id)
