@@ -131,8 +131,16 @@ def main() -> int:
         root = Path(tmp)
         bed = tb.up(max(args.hosts), root / "bed")
         try:
-            print(f"{'hosts':>5} | {'orchestrate launch':>26} | {'preflight':>24} | "
-                  f"{'agent start':>24} | {'CPU/host':>9} | {'raw fan-out':>24} | ratio")  # fmt: skip
+            headers = [
+                f"{'hosts':>5}",
+                f"{'orchestrate launch':>26}",
+                f"{'preflight':>24}",
+                f"{'agent start':>24}",
+                f"{'CPU/host':>9}",
+                f"{'raw fan-out':>24}",
+                "ratio",
+            ]
+            print(" | ".join(headers))
             for n in args.hosts:
                 cfg = bench_config(bed, n, root)
                 ours = measure(
