@@ -85,8 +85,8 @@ def preflight(config: ClusterConfig, backend: Backend, job_id: str) -> list[Host
         ]
         try:
             result = transport.run(argv, timeout=PROBE_TIMEOUT)
-        except OrchestrateError as exc:
-            return HostReport(i, labels[i], (str(exc),))
+        except OrchestrateError as exc:  # its message already names the host
+            return HostReport(i, labels[i], (str(exc).removeprefix(f"{labels[i]}: "),))
         if not result.ok:
             return HostReport(i, labels[i], (f"probe failed: {result.tail()}",))
         try:

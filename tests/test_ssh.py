@@ -399,3 +399,116 @@ def test_ssh_config_alias_is_honoured(bed: tb.Testbed, tmp_path: Path) -> None:
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "h2"
+
+
+# --- faults on SSH hosts ---------------------------------------------------------------------
+
+
+def training_toml(bed: tb.Testbed, tmp_path: Path, epochs: int, sections: str) -> Path:
+    text = Path(bed.cluster_toml).read_text()
+    shared = tmp_path / "shared"
+    shared.mkdir(exist_ok=True)
+    text = text.replace(f'shared_dir = "{bed.root}/shared"', f'shared_dir = "{shared}"')
+    text = text.replace('args = ["--epochs", "4"]', f'args = ["--epochs", "{epochs}"]')
+    text = text.replace("[backend]", sections + "\n[backend]")
+    path = tmp_path / "cluster.toml"
+    path.write_text(text)
+    return path
+
+
+def launch_and_wait_for_epoch(
+    cli: Callable[..., CliResult], path: Path, epoch: int
+) -> tuple[subprocess.Popen[str], dict]:
+    proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "launch", str(path)], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+
+    def reached() -> dict | None:
+        jobs = status_json(cli)["jobs"]
+        ok = (
+            jobs
+            and jobs[0]["state"] == "running"
+            and all(t["epoch"] >= epoch for t in jobs[0]["tasks"])
+        )
+        return jobs[0] if ok else None
+
+    try:
+        return proc, wait_for(reached, 150)  # type: ignore[return-value]
+    except BaseException:
+        proc.kill()
+        raise
+
+
+def events_text(cli: Callable[..., CliResult], job_id: str) -> str:
+    return "\n".join(e["message"] for e in status_json(cli, job_id)["jobs"][0]["events"])
+
+
+def no_job_process_left(bed: tb.Testbed) -> bool:
+    return not any(
+        processes_in(h.namespace, needle)
+        for h in bed.hosts
+        for needle in ("worker.agent", "worker.examples")
+    )
+
+
+@pytest.mark.slow
+def test_sigkill_of_a_remote_trainer_restarts_the_group_which_resumes(
+    bed: tb.Testbed, tmp_path: Path, cli: Callable[..., CliResult]
+) -> None:
+    path = training_toml(bed, tmp_path, 10, "[restart]\nbackoff = 0.2\n")
+    proc, running = launch_and_wait_for_epoch(cli, path, 3)
+    try:
+        killed_at = time.time()
+        os.kill(running["tasks"][1]["pid"], signal.SIGKILL)  # the trainer inside namespace h1
+        out, err = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out[-3000:] + err
+    job = status_json(cli, running["id"])["jobs"][0]
+    assert job["state"] == "succeeded" and job["restarts"] == 1
+    restart = next(e for e in job["events"] if e["kind"] == "restart")
+    assert "worker-1 exited with code 137" in restart["message"]
+    assert all(t["initial_epoch"] > 0 and t["attempt"] == 1 for t in job["tasks"])
+    failure = next(e["ts"] for e in job["events"] if e["kind"] == "failure")
+    launched = [e["ts"] for e in job["events"] if e["kind"] == "launched"][-1]
+    resumed = min(t["first_step_at"] for t in job["tasks"])
+    print(
+        f"\n[timing] ssh trainer SIGKILL: detected+stopping {failure - killed_at:.2f}s, "
+        f"relaunched {launched - killed_at:.2f}s, training resumed {resumed - killed_at:.2f}s"
+    )
+    assert wait_for(lambda: no_job_process_left(bed), 10)
+
+
+@pytest.mark.slow
+def test_a_host_cut_off_mid_training_is_detected_and_the_group_restarts_when_it_is_back(
+    bed: tb.Testbed, tmp_path: Path, cli: Callable[..., CliResult]
+) -> None:
+    sections = (
+        "[supervision]\nheartbeat_timeout = 4.0\nstop_grace = 2.0\n\n"
+        "[restart]\nmax_restarts = 6\nbackoff = 0.5\nbackoff_max = 2.0\n"
+    )
+    path = training_toml(bed, tmp_path, 12, sections)
+    path.write_text(path.read_text().replace("connect_timeout = 5.0", "connect_timeout = 2.0"))
+    victim = bed.hosts[2]
+    proc, running = launch_and_wait_for_epoch(cli, path, 3)
+    try:
+        subprocess.run(["ip", "link", "set", victim.veth, "down"], check=True)
+        try:
+            # Detected (by TensorFlow on a peer, or by the heartbeat timeout), the group is
+            # stopped, and relaunches fail while the host is away: wait to see one fail.
+            wait_for(lambda: "relaunch failed" in events_text(cli, running["id"]), 90)
+        finally:
+            subprocess.run(["ip", "link", "set", victim.veth, "up"], check=True)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out[-3000:] + err
+    job = status_json(cli, running["id"])["jobs"][0]
+    assert job["state"] == "succeeded"
+    events = events_text(cli, job["id"])
+    assert "could not stop worker-2" in events  # it was really cut off; the supervisor went on
+    assert "relaunch failed: preflight failed on 1 host(s): h2: cannot connect" in events
+    assert job["restarts"] >= 2
+    assert all(t["initial_epoch"] > 0 for t in job["tasks"])
+    assert wait_for(lambda: no_job_process_left(bed), 15)

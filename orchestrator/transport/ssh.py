@@ -295,7 +295,9 @@ class SshTransport:
                     assert sftp is not None
                     channel = sftp.get_channel()
                     assert channel is not None
-                    channel.settimeout(self.backend.command_timeout)
+                    # SFTP requests are small: one that takes longer than a connect means the
+                    # host is gone, and the supervisor must not stall on it.
+                    channel.settimeout(self.backend.connect_timeout)
                     self._sftp = sftp
                 return action(self._sftp)
 
@@ -357,7 +359,8 @@ class SshTransport:
         if not pids:
             return set()
         argv = [self._python(), "-m", "worker.proctl", "alive", *map(str, pids)]
-        result = self._retrying("checking processes", lambda: self._run_checked(argv))
+        timeout = self.backend.connect_timeout + 5
+        result = self._retrying("checking processes", lambda: self._run_checked(argv, timeout))
         return {int(p) for p in result.stdout.split()}
 
     def stop_process_group(self, pgid: int, grace: float) -> bool:
