@@ -7,7 +7,7 @@ import re
 import sys
 import threading
 from pathlib import Path
-from typing import TextIO
+from typing import BinaryIO, TextIO
 
 from orchestrator.transport.base import Transport
 
@@ -61,7 +61,7 @@ class LineSink:
         self.console = console
         self.verbose = verbose
         self._lock = threading.Lock()
-        self._files: dict[int, object] = {}
+        self._files: dict[int, BinaryIO] = {}
         self._color = bool(console is not None and console.isatty())
         copy_dir.mkdir(parents=True, exist_ok=True)
 
@@ -73,8 +73,8 @@ class LineSink:
             if fh is None:
                 fh = open(self.copy_dir / f"worker-{index}.log", "ab")  # noqa: SIM115
                 self._files[index] = fh
-            fh.write(b"".join(line + b"\n" for line in lines))  # type: ignore[attr-defined]
-            fh.flush()  # type: ignore[attr-defined]
+            fh.write(b"".join(line + b"\n" for line in lines))
+            fh.flush()
             if self.console is None:
                 return
             prefix = f"[worker-{index} {host}] "
@@ -100,7 +100,7 @@ class LineSink:
     def close(self) -> None:
         with self._lock:
             for fh in self._files.values():
-                fh.close()  # type: ignore[attr-defined]
+                fh.close()
             self._files.clear()
 
 

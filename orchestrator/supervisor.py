@@ -9,6 +9,7 @@ module does the I/O: status files, log streaming, store updates, stopping, relau
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import signal
@@ -138,6 +139,7 @@ class Supervisor:
         self._alive_cache: set[int] = set()
         self._alive_checked_at = float("-inf")
         self._leftovers: list[AgentRef] = []  # agents of earlier attempts we could not stop
+        self._watch_state = _Watch(started=time.monotonic())
 
     def install_signal_handlers(self) -> None:
         def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -444,10 +446,10 @@ class Supervisor:
         running_before = {t.idx for t in self.store.tasks(self.job.id) if not t.state.is_terminal()}
         results = stop_agents(self.backend, group.agents, grace)
         self._alive_checked_at = float("-inf")
-        self._observe(group, getattr(self, "_watch_state", _Watch(started=time.monotonic())))
+        self._observe(group, self._watch_state)
         for agent in group.agents:
             task = group.plan.tasks[agent.task_index]
-            with _suppress():
+            with contextlib.suppress(OrchestrateError):  # an unreachable host's last lines
                 self.sink.task_lines(
                     agent.task_index, task.host_label, self._tailers[agent.task_index].flush()
                 )
@@ -477,16 +479,6 @@ class Supervisor:
         self.store.update_job(self.job.id, state=state, last_cause=cause)
         self.store.add_event(self.job.id, state.value, cause)
         self.sink.info(f"job {self.job.id} {state.value}: {cause}")
-
-
-class _suppress:
-    """Ignore a transport error while flushing logs of an unreachable host."""
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind: type[BaseException] | None, *rest: object) -> bool:
-        return kind is not None and issubclass(kind, OrchestrateError)
 
 
 def _task_plan(task: TaskRecord) -> TaskPlan:
