@@ -245,7 +245,7 @@ def start_agents(
             pid = transport.start_detached(
                 [backend.python(task.host_index), "-m", "worker.agent", spec_path],
                 log_path=str(layout.task_dir(i) / "agent.log"),
-                stdin_file=(spec_path, spec.model_dump_json().encode()),
+                stdin_file=(spec_path, spec.to_json().encode()),
             )
         except OrchestrateError as exc:
             return StartOutcome(i, task.host_label, None, str(exc))

@@ -518,6 +518,6 @@ def _parse_status(raw: bytes | None) -> TaskStatus | None:
     if not raw:
         return None
     try:
-        return TaskStatus.model_validate_json(raw)
+        return TaskStatus.from_json(raw)
     except ValueError:
         return None

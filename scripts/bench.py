@@ -10,10 +10,10 @@ root for the namespaced test bed; without it they are reported as skipped, with 
 
 | id | measurement | baseline |
 |----|-------------|----------|
-| P1 | launch fan-out to every agent running, 1/4/16 SSH hosts | threads + paramiko fan-out, 1 exec/host |
-| P2 | `launch` to the first training step, 2 local workers | workers started by hand with TF_CONFIG |
+| P1 | launch fan-out to every agent running, 1/4/16 SSH hosts | threads + paramiko, 1 exec/host |
+| P2 | `launch` to the first training step, 2 local workers | workers started by hand |
 | P3 | steady training throughput (middle epochs) | the same hand-started workers |
-| P4 | trainer SIGKILLed -> supervisor begins stopping the group | TensorFlow's own failure of the survivor |
+| P4 | trainer SIGKILLed -> supervisor begins stopping | TensorFlow's own: the survivor exits |
 | P5 | trainer SIGKILLed -> training resumed | P2's cold start (target: P2 + 3 s) |
 | P6 | `orchestrate status`, 20 jobs x 16 tasks in the store | - |
 | P7 | peak RSS: one agent; the supervisor of 16 SSH hosts | the trainer's own peak RSS |
@@ -184,8 +184,14 @@ def orch_env(home: Path) -> dict[str, str]:
 
 
 def status_json(home: Path, job: str | None = None) -> dict:
-    out = subprocess.run([PY, "-m", "orchestrator", "status", *([job] if job else []), "--json"],
-                         capture_output=True, text=True, env=orch_env(home), cwd=REPO, check=True)  # fmt: skip
+    out = subprocess.run(
+        [PY, "-m", "orchestrator", "status", *([job] if job else []), "--json"],
+        capture_output=True,
+        text=True,
+        env=orch_env(home),
+        cwd=REPO,
+        check=True,
+    )
     return json.loads(out.stdout)
 
 
@@ -211,16 +217,32 @@ def raw_run(root: Path, epochs: int, kill_at_epoch: int | None = None) -> dict[s
     t0 = time.time()
     procs = []
     for i in range(2):
-        env = {**os.environ, "TF_USE_LEGACY_KERAS": "1", "TF_CPP_MIN_LOG_LEVEL": "2",
-               "ORCHESTRATE_JOB_DIR": str(job_dir),
-               "TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}})}  # fmt: skip
+        env = {
+            **os.environ,
+            "TF_USE_LEGACY_KERAS": "1",
+            "TF_CPP_MIN_LOG_LEVEL": "2",
+            "ORCHESTRATE_JOB_DIR": str(job_dir),
+            "TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}}),
+        }
         with open(logs[i], "wb") as log:
-            procs.append(subprocess.Popen([PY, str(TRAINER), "--epochs", str(epochs), "--raw"],
-                                          stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO))  # fmt: skip
+            procs.append(
+                subprocess.Popen(
+                    [PY, str(TRAINER), "--epochs", str(epochs), "--raw"],
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    cwd=REPO,
+                )
+            )
     result: dict[str, float] = {}
     try:
         if kill_at_epoch is not None:
-            wait(lambda: len([r for r in epoch_rates(logs[1].read_text()) if r[0] >= kill_at_epoch]) > 0, 120)
+            wait(
+                lambda: (
+                    len([r for r in epoch_rates(logs[1].read_text()) if r[0] >= kill_at_epoch]) > 0
+                ),
+                120,
+            )
             killed = time.time()
             procs[1].kill()
             try:
@@ -247,8 +269,14 @@ def raw_run(root: Path, epochs: int, kill_at_epoch: int | None = None) -> dict[s
 def orchestrate_run(root: Path, home: Path, epochs: int) -> dict[str, float]:
     config = local_config(root, epochs)
     t0 = time.time()
-    proc = subprocess.run([PY, "-m", "orchestrator", "launch", str(config)], capture_output=True,
-                          text=True, env=orch_env(home), cwd=REPO, timeout=300)  # fmt: skip
+    proc = subprocess.run(
+        [PY, "-m", "orchestrator", "launch", str(config)],
+        capture_output=True,
+        text=True,
+        env=orch_env(home),
+        cwd=REPO,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     first, _ = bench_lines(proc.stdout)
     assert first is not None
@@ -261,8 +289,14 @@ def orchestrate_run(root: Path, home: Path, epochs: int) -> dict[str, float]:
 def orchestrate_kill(root: Path, home: Path, epochs: int) -> dict[str, float]:
     config = local_config(root, epochs)
     env = orch_env(home)
-    out = subprocess.run([PY, "-m", "orchestrator", "launch", "--detach", str(config)],
-                         capture_output=True, text=True, env=env, cwd=REPO, check=True)  # fmt: skip
+    out = subprocess.run(
+        [PY, "-m", "orchestrator", "launch", "--detach", str(config)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        check=True,
+    )
     job_id = out.stdout.split()[1]
 
     def training() -> dict | None:
@@ -281,8 +315,13 @@ def orchestrate_kill(root: Path, home: Path, epochs: int) -> dict[str, float]:
     job = wait(resumed, 120)
     failure = next(e["ts"] for e in job["events"] if e["kind"] == "failure")  # type: ignore[index]
     first = max(t["first_step_at"] for t in job["tasks"])  # type: ignore[index]
-    subprocess.run([PY, "-m", "orchestrator", "stop", job_id], env=env, cwd=REPO,
-                   capture_output=True, check=True)  # fmt: skip
+    subprocess.run(
+        [PY, "-m", "orchestrator", "stop", job_id],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        check=True,
+    )
     return {"stopping": failure - killed, "resumed": first - killed}
 
 
@@ -330,8 +369,13 @@ def ssh_rows(root: Path, hosts: list[int], repeat: int, p1: Row, p7s: Row) -> No
         text = config.read_text().replace('args = ["--mode", "sleep"]', 'args = ["--mode", "ok"]')
         config.write_text(text)
         home = root / "home-ssh"
-        proc = subprocess.Popen([PY, "-m", "orchestrator", "launch", str(config)], env=orch_env(home),
-                                cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        proc = subprocess.Popen(
+            [PY, "-m", "orchestrator", "launch", str(config)],
+            env=orch_env(home),
+            cwd=REPO,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         peak = 0
         while proc.poll() is None:
             peak = max(peak, peak_rss_kb(proc.pid))
@@ -355,17 +399,45 @@ def status_with_store(root: Path, runs: int) -> list[float]:
     for j in range(20):
         job_id = f"bench-{j:02d}"
         store.create_job(
-            JobRecord(job_id, "bench", JobState.SUCCEEDED, "ssh", "c.toml", "{}", "/x",
-                      now - 1000 + j, now),  # fmt: skip
-            [TaskRecord(job_id, i, "worker", i, f"h{i}", f"10.0.0.{i}:2222", TaskState.SUCCEEDED,
-                        epoch=10, step=1000, loss=0.1, heartbeat_at=now) for i in range(16)],  # fmt: skip
+            JobRecord(
+                job_id,
+                "bench",
+                JobState.SUCCEEDED,
+                "ssh",
+                "c.toml",
+                "{}",
+                "/x",
+                now - 1000 + j,
+                now,
+            ),
+            [
+                TaskRecord(
+                    job_id,
+                    i,
+                    "worker",
+                    i,
+                    f"h{i}",
+                    f"10.0.0.{i}:2222",
+                    TaskState.SUCCEEDED,
+                    epoch=10,
+                    step=1000,
+                    loss=0.1,
+                    heartbeat_at=now,
+                )
+                for i in range(16)
+            ],
         )
     store.close()
     times = []
     for _ in range(runs + 1):
         t0 = time.perf_counter()
-        subprocess.run([PY, "-m", "orchestrator", "status", "--limit", "20"], env=orch_env(home),
-                       cwd=REPO, capture_output=True, check=True)  # fmt: skip
+        subprocess.run(
+            [PY, "-m", "orchestrator", "status", "--limit", "20"],
+            env=orch_env(home),
+            cwd=REPO,
+            capture_output=True,
+            check=True,
+        )
         times.append(time.perf_counter() - t0)
     return times[1:]
 
@@ -373,12 +445,17 @@ def status_with_store(root: Path, runs: int) -> list[float]:
 def agent_rss(root: Path) -> float:
     from worker.spec import WorkerSpec
 
-    spec = WorkerSpec(job_id="rss", task_index=0, host_label="local",
-                      tf_config={"cluster": {"worker": ["127.0.0.1:1"]}, "task": {"type": "worker", "index": 0}},
-                      argv=[PY, "-c", "import time; time.sleep(2)"], workdir=str(root),
-                      shared_dir=str(root / "rss"))  # fmt: skip
+    spec = WorkerSpec(
+        job_id="rss",
+        task_index=0,
+        host_label="local",
+        tf_config={"cluster": {"worker": ["127.0.0.1:1"]}, "task": {"type": "worker", "index": 0}},
+        argv=[PY, "-c", "import time; time.sleep(2)"],
+        workdir=str(root),
+        shared_dir=str(root / "rss"),
+    )
     path = root / "rss-spec.json"
-    path.write_text(spec.model_dump_json())
+    path.write_text(spec.to_json())
     proc = subprocess.Popen([PY, "-m", "worker.agent", str(path)])
     peak = 0
     while proc.poll() is None:
@@ -390,8 +467,13 @@ def agent_rss(root: Path) -> float:
 def trainer_rss(root: Path, home: Path) -> float:
     """The trainer's own peak RSS, from a short orchestrate job (read while it trains)."""
     config = local_config(root, 4)
-    proc = subprocess.Popen([PY, "-m", "orchestrator", "launch", str(config)], env=orch_env(home),
-                            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    proc = subprocess.Popen(
+        [PY, "-m", "orchestrator", "launch", str(config)],
+        env=orch_env(home),
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     peak = 0
     while proc.poll() is None:
         for entry in Path("/proc").iterdir():
@@ -418,8 +500,13 @@ def dry_run_1000(root: Path, runs: int) -> list[float]:
     times = []
     for _ in range(runs + 1):
         t0 = time.perf_counter()
-        out = subprocess.run([PY, "-m", "orchestrator", "launch", "--dry-run", str(path)],
-                             env=orch_env(root / "home-dry"), cwd=REPO, capture_output=True, text=True)  # fmt: skip
+        out = subprocess.run(
+            [PY, "-m", "orchestrator", "launch", "--dry-run", str(path)],
+            env=orch_env(root / "home-dry"),
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+        )
         times.append(time.perf_counter() - t0)
         assert out.returncode == 0 and out.stdout.count("TF_CONFIG=") == 1000, out.stderr
     return times[1:]
@@ -433,23 +520,66 @@ def run_suite(quick: bool) -> list[Row]:
     epochs = 6 if quick else 10
     hosts = [1, 4] if quick else [1, 4, 16]
     rows = {
-        "P1": Row("P1", "launch fan-out to every agent running", "s", kind="ratio", target_ratio=1.3,
-                  baseline_label="threads + paramiko (NODELAY), 1 exec/host"),
-        "P2": Row("P2", "launch to first training step, 2 workers", "s", kind="ratio", target_ratio=1.05,
-                  baseline_label="workers started by hand with TF_CONFIG", target="<= 1.05x raw"),
-        "P3": Row("P3", "steady throughput (middle epochs)", "steps/s", kind="inverse", target_ratio=0.98,
-                  baseline_label="the same hand-started workers", target=">= 0.98x raw"),
-        "P4": Row("P4", "trainer SIGKILL -> supervisor begins stopping", "s", target_value=2.0,
-                  baseline_label="TensorFlow's own: survivor exits", target="<= 2 s"),
-        "P5": Row("P5", "trainer SIGKILL -> training resumed", "s",
-                  baseline_label="P2 cold start", target="<= P2 + 3 s"),
+        "P1": Row(
+            "P1",
+            "launch fan-out to every agent running",
+            "s",
+            kind="ratio",
+            target_ratio=1.3,
+            baseline_label="threads + paramiko (NODELAY), 1 exec/host",
+        ),
+        "P2": Row(
+            "P2",
+            "launch to first training step, 2 workers",
+            "s",
+            kind="ratio",
+            target_ratio=1.05,
+            baseline_label="workers started by hand with TF_CONFIG",
+            target="<= 1.05x raw",
+        ),
+        "P3": Row(
+            "P3",
+            "steady throughput (middle epochs)",
+            "steps/s",
+            kind="inverse",
+            target_ratio=0.98,
+            baseline_label="the same hand-started workers",
+            target=">= 0.98x raw",
+        ),
+        "P4": Row(
+            "P4",
+            "trainer SIGKILL -> supervisor begins stopping",
+            "s",
+            target_value=2.0,
+            baseline_label="TensorFlow's own: survivor exits",
+            target="<= 2 s",
+        ),
+        "P5": Row(
+            "P5",
+            "trainer SIGKILL -> training resumed",
+            "s",
+            baseline_label="P2 cold start",
+            target="<= P2 + 3 s",
+        ),
         "P6": Row("P6", "status, 20 jobs x 16 tasks", "s", target_value=0.3, target="<= 0.3 s"),
-        "P7a": Row("P7a", "peak RSS of one agent", "MB", target_value=40,
-                   baseline_label="the trainer's own peak RSS", target="<= 40 MB"),
-        "P7b": Row("P7b", "peak RSS of the supervisor, 16 SSH hosts", "MB", target_value=100,
-                   baseline_label="the trainer's own peak RSS", target="<= 100 MB"),
+        "P7a": Row(
+            "P7a",
+            "peak RSS of one agent",
+            "MB",
+            target_value=40,
+            baseline_label="the trainer's own peak RSS",
+            target="<= 40 MB",
+        ),
+        "P7b": Row(
+            "P7b",
+            "peak RSS of the supervisor, 16 SSH hosts",
+            "MB",
+            target_value=100,
+            baseline_label="the trainer's own peak RSS",
+            target="<= 100 MB",
+        ),
         "P8": Row("P8", "plan + --dry-run, 1,000 hosts", "s", target_value=1.0, target="<= 1 s"),
-    }  # fmt: skip
+    }
     with tempfile.TemporaryDirectory(prefix="orch-bench-") as tmp:
         root = Path(tmp)
         (root / "shared").mkdir()
@@ -493,15 +623,23 @@ def render_table(rows: list[Row]) -> str:
     ]
     for r in rows:
         if r.skipped:
-            lines.append(f"| {r.id} | {r.measurement} | skipped: {r.skipped} | | | {r.target} | - |")
+            lines.append(
+                f"| {r.id} | {r.measurement} | skipped: {r.skipped} | | | {r.target} | - |"
+            )
             continue
         value = fmt(r.value, r.unit) + (f" ({spread(r.values)})" if spread(r.values) else "")
-        base = (fmt(r.base, r.unit) + f" {r.baseline_label}") if r.base is not None else r.baseline_label or "-"
+        base = (
+            (fmt(r.base, r.unit) + f" {r.baseline_label}")
+            if r.base is not None
+            else r.baseline_label or "-"
+        )
         ratio = f"{r.ratio:.2f}x" if r.ratio is not None else "-"
         met = {True: "yes", False: "**no**", None: "-"}[r.met]
-        lines.append(f"| {r.id} | {r.measurement} | {value} | {base} | {ratio} | {r.target} | {met} |")
+        lines.append(
+            f"| {r.id} | {r.measurement} | {value} | {base} | {ratio} | {r.target} | {met} |"
+        )
     notes = [f"- {r.id}: {r.note}" for r in rows if r.note]
-    return "\n".join(lines + ([""] + notes if notes else []))
+    return "\n".join(lines + (["", *notes] if notes else []))
 
 
 def draw_chart(rows: list[Row], path: Path) -> None:
@@ -511,6 +649,7 @@ def draw_chart(rows: list[Row], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     shown = [r for r in rows if r.met is not None]
+
     # How much of its budget each row uses: < 1 meets the target.
     def used(r: Row) -> float:
         if r.kind == "ratio" and r.ratio is not None and r.target_ratio:
@@ -544,7 +683,8 @@ def main() -> int:
     meta = {
         "date": time.strftime("%Y-%m-%d %H:%M"),
         "quick": args.quick,
-        "machine": f"{os.cpu_count()} cores, {platform.machine()}, Python {platform.python_version()}",
+        "machine": f"{os.cpu_count()} cores, {platform.machine()}, "
+        f"Python {platform.python_version()}",
         "wall_seconds": round(time.time() - started, 1),
     }
     (args.out / "results.json").write_text(
@@ -556,7 +696,9 @@ def main() -> int:
     )
     draw_chart(rows, args.out / "results.png")
     print(table)
-    print(f"\nwrote {args.out}/results.json, results.md, results.png in {meta['wall_seconds']:.0f} s")
+    print(
+        f"\nwrote {args.out}/results.json, results.md, results.png in {meta['wall_seconds']:.0f} s"
+    )
     return 0
 
 

@@ -33,7 +33,7 @@ def _start(
         stop_grace=grace,
     )
     spec_path = tmp_path / "spec.json"
-    spec_path.write_text(spec.model_dump_json())
+    spec_path.write_text(spec.to_json())
     proc = subprocess.Popen(
         [sys.executable, "-m", "worker.agent", str(spec_path)], start_new_session=True
     )
@@ -42,7 +42,7 @@ def _start(
 
 def _status(spec: WorkerSpec) -> TaskStatus | None:
     path = Path(spec.layout.status_path(0))
-    return TaskStatus.model_validate_json(path.read_bytes()) if path.exists() else None
+    return TaskStatus.from_json(path.read_bytes()) if path.exists() else None
 
 
 def _trainer_pid(spec: WorkerSpec) -> int:
@@ -111,7 +111,7 @@ def test_unstartable_trainer_fails_cleanly(tmp_path: Path, bad_argv: list[str]) 
         shared_dir=str(tmp_path / "shared"),
     )
     spec_path = tmp_path / "spec.json"
-    spec_path.write_text(spec.model_dump_json())
+    spec_path.write_text(spec.to_json())
     code = subprocess.call([sys.executable, "-m", "worker.agent", str(spec_path)], timeout=30)
     assert code == 127
     assert (s := _status(spec)) is not None and s.state == AgentState.FAILED

@@ -149,8 +149,8 @@ class Agent:
 
     def _read_progress(self) -> Progress:
         try:
-            return Progress.model_validate_json(self.progress_path.read_bytes())
-        except (OSError, ValueError):
+            return Progress.from_dict(json.loads(self.progress_path.read_bytes()))
+        except (OSError, ValueError, TypeError, AttributeError):
             return Progress()
 
     def _write_status(
@@ -168,7 +168,7 @@ class Agent:
             progress=self._read_progress(),
             message=message,
         )
-        write_json_atomic(self.status_path, status.model_dump(mode="json"))
+        write_json_atomic(self.status_path, status.to_dict())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -176,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     if len(args) != 1:
         print("usage: python -m worker.agent SPEC_PATH", file=sys.stderr)
         return 2
-    spec = WorkerSpec.model_validate_json(Path(args[0]).read_bytes())
+    spec = WorkerSpec.from_json(Path(args[0]).read_bytes())
     return Agent(spec).run()
 
 

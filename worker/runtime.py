@@ -92,7 +92,7 @@ def task_context(default_dir: str | os.PathLike[str] = "orchestrate-run") -> Tas
 def report_phase(ctx: TaskContext, phase: Phase) -> None:
     """Tell the agent how far this task got (outside model.fit, where the callback reports)."""
     if ctx.progress_file is not None:
-        write_json_atomic(ctx.progress_file, Progress(phase=phase).model_dump(mode="json"))
+        write_json_atomic(ctx.progress_file, Progress(phase=phase).to_dict())
 
 
 def make_strategy(ctx: TaskContext) -> tf.distribute.Strategy:
@@ -159,12 +159,15 @@ class ProgressReporter(tf.keras.callbacks.Callback):
 
     def __init__(self, path: Path, min_interval: float = 0.5) -> None:
         super().__init__()
+        # Take the logs as tensors: reading a value every step would force a device sync every
+        # step; the loss is read only when written (at most every min_interval seconds).
+        self._supports_tf_logs = True
         self.path = path
         self.min_interval = min_interval
         self._epoch = 0
         self._initial_epoch: int | None = None
         self._step = 0
-        self._loss: float | None = None
+        self._loss: Any = None  # a tensor (or float) until written
         self._metrics: dict[str, float] = {}
         self._last_write = 0.0
         self._window_start = time.monotonic()
@@ -190,7 +193,7 @@ class ProgressReporter(tf.keras.callbacks.Callback):
         self._step += 1
         self._window_steps += 1
         if logs and "loss" in logs:
-            self._loss = float(logs["loss"])
+            self._loss = logs["loss"]
         self._write(force=self._step == 1)
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
@@ -211,12 +214,12 @@ class ProgressReporter(tf.keras.callbacks.Callback):
             phase=self._phase,
             epoch=self._epoch,
             step=self._step,
-            loss=self._loss,
+            loss=None if self._loss is None else float(self._loss),
             steps_per_sec=self._steps_per_sec,
             initial_epoch=self._initial_epoch or 0,
             metrics=self._metrics,
         )
-        write_json_atomic(self.path, progress.model_dump(mode="json"))
+        write_json_atomic(self.path, progress.to_dict())
         self._last_write = now
 
 

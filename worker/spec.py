@@ -1,18 +1,18 @@
 """The contract between coordinator and agent: the task spec, the job directory layout and the
-status an agent writes. Versioned; pure pydantic, no TensorFlow."""
+status an agent writes. Versioned; standard library only (the agent imports nothing else)."""
 
 from __future__ import annotations
 
 import json
 import os
 import tempfile
+from dataclasses import asdict, dataclass, field, fields
 from enum import StrEnum
 from pathlib import Path, PurePosixPath
-from typing import Any
-
-from pydantic import BaseModel, ConfigDict
+from typing import Any, TypeVar
 
 SPEC_VERSION = 1
+_D = TypeVar("_D")
 
 # Environment a trainer sees, besides TF_CONFIG and the user's env.
 ENV_JOB_DIR = "ORCHESTRATE_JOB_DIR"
@@ -56,29 +56,59 @@ class JobLayout:
         return self.root / "tmp"
 
 
-class WorkerSpec(BaseModel):
-    """Everything an agent needs to run one task. Written by the coordinator, mode 0600."""
+def _from_mapping(cls: type[_D], raw: str | bytes, what: str) -> _D:
+    """Build a dataclass from JSON, refusing unknown keys and missing required ones."""
+    data = json.loads(raw)
+    if not isinstance(data, dict):
+        raise ValueError(f"{what}: expected a JSON object")
+    names = {f.name for f in fields(cls)}  # type: ignore[arg-type]
+    unknown = set(data) - names
+    if unknown:
+        raise ValueError(f"{what}: unknown keys {sorted(unknown)}")
+    try:
+        return cls(**data)
+    except TypeError as exc:
+        raise ValueError(f"{what}: {exc}") from None
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
-    version: int = SPEC_VERSION
+@dataclass(frozen=True)
+class WorkerSpec:
+    """Everything an agent needs to run one task. Written by the coordinator, mode 0600.
+
+    A plain dataclass, not pydantic: the agent is started once per task and stays resident, so
+    it imports the standard library only (start-up time and memory)."""
+
     job_id: str
-    attempt: int = 0
     task_index: int
-    task_type: str = "worker"
     host_label: str
     tf_config: dict[str, Any]
     argv: list[str]
-    env: dict[str, str] = {}
     workdir: str
     shared_dir: str
+    attempt: int = 0
+    task_type: str = "worker"
+    env: dict[str, str] = field(default_factory=dict)
     heartbeat_interval: float = 1.0
     stop_grace: float = 10.0
     preemption_exit_code: int = 42
+    version: int = SPEC_VERSION
 
     @property
     def layout(self) -> JobLayout:
         return JobLayout(self.shared_dir, self.job_id)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, raw: str | bytes) -> WorkerSpec:
+        spec = _from_mapping(cls, raw, "worker spec")
+        if spec.version != SPEC_VERSION:
+            raise ValueError(
+                f"worker spec version {spec.version}, this agent speaks {SPEC_VERSION}: "
+                "install the same orchestrate version on every host"
+            )
+        return spec
 
 
 class AgentState(StrEnum):
@@ -103,10 +133,9 @@ class Phase(StrEnum):
     FINISHED = "finished"  # model.fit returned (evaluation, saving)
 
 
-class Progress(BaseModel):
+@dataclass(frozen=True)
+class Progress:
     """Training progress, written by the runtime and relayed by the agent."""
-
-    model_config = ConfigDict(extra="ignore", frozen=True)
 
     phase: Phase = Phase.NONE
     epoch: int = 0  # epochs started, 1-based; 0 before the first
@@ -114,22 +143,53 @@ class Progress(BaseModel):
     loss: float | None = None
     steps_per_sec: float | None = None
     initial_epoch: int = 0  # first epoch of this attempt (> 0 after a resume)
-    metrics: dict[str, float] = {}
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Progress:
+        known = {f.name for f in fields(cls)}
+        values = {k: v for k, v in data.items() if k in known}  # newer runtimes may add keys
+        values["phase"] = Phase(values.get("phase", ""))
+        return cls(**values)
 
 
-class TaskStatus(BaseModel):
+@dataclass(frozen=True)
+class TaskStatus:
     """What an agent reports: rewritten atomically every heartbeat."""
-
-    model_config = ConfigDict(extra="ignore", frozen=True)
 
     state: AgentState
     seq: int  # grows with every heartbeat: the coordinator watches it with its own clock
-    attempt: int = 0
     agent_pid: int
+    attempt: int = 0
     trainer_pid: int | None = None
     exit_code: int | None = None
-    progress: Progress = Progress()
+    progress: Progress = field(default_factory=Progress)
     message: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, raw: str | bytes) -> TaskStatus:
+        data = json.loads(raw)
+        if not isinstance(data, dict):
+            raise ValueError("task status: expected a JSON object")
+        try:
+            return cls(
+                state=AgentState(data["state"]),
+                seq=int(data["seq"]),
+                agent_pid=int(data["agent_pid"]),
+                attempt=int(data.get("attempt", 0)),
+                trainer_pid=data.get("trainer_pid"),
+                exit_code=data.get("exit_code"),
+                progress=Progress.from_dict(data.get("progress") or {}),
+                message=str(data.get("message", "")),
+            )
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"task status: {exc}") from None
 
 
 def write_bytes_atomic(path: str | os.PathLike[str], data: bytes, mode: int = 0o644) -> None:
