@@ -33,8 +33,8 @@ class LocalHosts:
     alive_check_interval = 0.0
 
     def __init__(self, config: LocalBackend) -> None:
-        self._transport = LocalTransport("local")
         self._python = config.python or sys.executable
+        self._transport = LocalTransport("local", self._python)
 
     def host_count(self) -> int:
         return 1

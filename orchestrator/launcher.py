@@ -4,7 +4,6 @@ fails to start, stop what did start. Talks only to the Transport seam."""
 from __future__ import annotations
 
 import contextlib
-import json
 import secrets
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -69,30 +68,16 @@ def preflight(config: ClusterConfig, backend: Backend, job_id: str) -> list[Host
             backend.transport(0).run(["mkdir", "-p", shared], timeout=PROBE_TIMEOUT)
 
     def probe(i: int) -> HostReport:
-        transport = backend.transport(i)
-        argv = [
-            backend.python(i),
-            "-m",
-            "worker.probe",
-            "--shared-dir",
-            shared,
-            "--ports",
-            str(slots_per_host[i]),
-            "--token-file",
-            f"{token_dir}/{i}",
-            "--token",
-            f"{token}-{i}",
-        ]
+        args = {
+            "shared_dir": shared,
+            "ports": slots_per_host[i],
+            "token_file": f"{token_dir}/{i}",
+            "token": f"{token}-{i}",
+        }
         try:
-            result = transport.run(argv, timeout=PROBE_TIMEOUT)
+            data = backend.transport(i).worker_call("probe", args, timeout=PROBE_TIMEOUT)
         except OrchestrateError as exc:  # its message already names the host
             return HostReport(i, labels[i], (str(exc).removeprefix(f"{labels[i]}: "),))
-        if not result.ok:
-            return HostReport(i, labels[i], (f"probe failed: {result.tail()}",))
-        try:
-            data = json.loads(result.stdout)
-        except ValueError:
-            return HostReport(i, labels[i], (f"probe printed no report: {result.tail()}",))
         problems = list(data.get("problems", []))
         if not data.get("tensorflow"):
             problems.append("TensorFlow is not installed for " + backend.python(i))
@@ -119,7 +104,7 @@ def preflight(config: ClusterConfig, backend: Backend, job_id: str) -> list[Host
     for report in reports:  # remove the tokens through any host that answered
         if report.ok or report.tensorflow:
             with contextlib.suppress(OrchestrateError):
-                backend.transport(report.host_index).run(["rm", "-rf", token_dir], timeout=30)
+                backend.transport(report.host_index).worker_call("remove", {"path": token_dir})
             break
     failing = [r for r in reports if not r.ok]
     if failing:
@@ -136,11 +121,12 @@ def _check_shared(
 
     def read_back(i: int) -> HostReport:
         report = reports[i]
-        result = backend.transport(i).run(
-            [backend.python(i), "-m", "worker.probe", "--read-tokens", *paths],
-            timeout=PROBE_TIMEOUT,
-        )
-        seen = json.loads(result.stdout) if result.ok else {}
+        try:
+            seen = backend.transport(i).worker_call(
+                "read_tokens", {"paths": paths}, timeout=PROBE_TIMEOUT
+            )
+        except OrchestrateError as exc:
+            return HostReport(i, report.host_label, (*report.problems, str(exc)))
         missing = [
             reports[j].host_label
             for j, path in enumerate(paths)

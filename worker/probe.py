@@ -13,13 +13,26 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import socket
 import sys
-from importlib import metadata
 
 
 def _version(dist: str) -> str | None:
+    """A distribution's version. Looks for its .dist-info directory on sys.path first (a few
+    ms), then asks importlib.metadata (about 40 ms)."""
+    prefix = dist.replace("-", "_").lower() + "-"
+    for entry in sys.path:
+        try:
+            names = os.listdir(entry or ".")
+        except OSError:
+            continue
+        for name in names:
+            if name.endswith(".dist-info") and name.lower().startswith(prefix):
+                version = name[len(prefix) : -len(".dist-info")]
+                if version and version[0].isdigit():
+                    return version
+    from importlib import metadata
+
     try:
         return metadata.version(dist)
     except metadata.PackageNotFoundError:
@@ -43,7 +56,7 @@ def free_ports(count: int) -> list[int]:
 def probe(shared_dir: str, ports: int, token_file: str | None, token: str) -> dict[str, object]:
     report: dict[str, object] = {
         "hostname": socket.gethostname(),
-        "python": platform.python_version(),
+        "python": "{}.{}.{}".format(*sys.version_info[:3]),
         "tensorflow": _version("tensorflow") or _version("tensorflow-cpu"),
         "tf_keras": _version("tf-keras"),
         "problems": [],

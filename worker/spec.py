@@ -4,12 +4,14 @@ status an agent writes. Versioned; standard library only (the agent imports noth
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from dataclasses import asdict, dataclass, field, fields
 from enum import StrEnum
-from pathlib import Path, PurePosixPath
+from pathlib import PurePosixPath
 from typing import Any, TypeVar
+
+from worker.atomic import write_bytes_atomic, write_json_atomic
+
+__all__ = ["write_bytes_atomic", "write_json_atomic"]  # re-exported: part of the contract
 
 SPEC_VERSION = 1
 _D = TypeVar("_D")
@@ -190,21 +192,3 @@ class TaskStatus:
             )
         except (KeyError, TypeError) as exc:
             raise ValueError(f"task status: {exc}") from None
-
-
-def write_bytes_atomic(path: str | os.PathLike[str], data: bytes, mode: int = 0o644) -> None:
-    """Write a file so a reader never sees half of it (temp file in the same dir + rename)."""
-    target = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.chmod(tmp, mode)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def write_json_atomic(path: str | os.PathLike[str], data: Any, mode: int = 0o644) -> None:
-    write_bytes_atomic(path, json.dumps(data, separators=(",", ":")).encode(), mode)

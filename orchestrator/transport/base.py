@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 
 @dataclass(frozen=True)
@@ -30,6 +30,13 @@ class Transport(Protocol):
     """What the coordinator may do on one host. Paths are the host's own (POSIX) paths."""
 
     host_label: str
+    python: str  # the host's interpreter that has the worker package
+
+    def worker_call(self, op: str, args: dict[str, Any], timeout: float | None = None) -> Any:
+        """Run one operation of the worker package's host helper (worker.hostd.handle) on the
+        host: probe, read_tokens, alive, stop, start, remove. Remote transports keep one helper
+        process per connection, so a call is one round trip; raise TransportError on failure."""
+        ...
 
     def run(
         self,

@@ -2,22 +2,39 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
+import sys
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from orchestrator.errors import TransportError
 from orchestrator.transport.base import CommandResult
-from worker import proctl
+from worker import hostd, proctl
 from worker.spec import write_bytes_atomic
 
 
 class LocalTransport:
-    def __init__(self, host_label: str = "local") -> None:
+    def __init__(self, host_label: str = "local", python: str = sys.executable) -> None:
         self.host_label = host_label
+        self.python = python
+
+    def worker_call(self, op: str, args: dict[str, Any], timeout: float | None = None) -> Any:
+        if self.python == sys.executable:  # the same interpreter: no process needed
+            try:
+                return hostd.handle(op, args)
+            except (OSError, ValueError, KeyError) as exc:
+                raise TransportError(f"{self.host_label}: {op} failed: {exc}") from None
+        code = "import json, sys; from worker.hostd import handle; " \
+               "print(json.dumps(handle(sys.argv[1], json.loads(sys.argv[2]))))"  # fmt: skip
+        result = self.run([self.python, "-c", code, op, json.dumps(args)], timeout=timeout)
+        if not result.ok:
+            raise TransportError(f"{self.host_label}: {op} failed: {result.tail()}")
+        return json.loads(result.stdout)
 
     def run(
         self,

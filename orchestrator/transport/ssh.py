@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import shlex
 import socket
 import stat
@@ -20,7 +21,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path, PurePosixPath
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import paramiko
 from fabric import Connection
@@ -72,6 +73,72 @@ class _HostKeyPolicy(paramiko.MissingHostKeyPolicy):
             keys.save(str(self.known_hosts))
 
 
+class _Helper:
+    """The host helper (`python -m worker.hostd`) on one exec channel: JSON-line requests out,
+    replies matched by id. Started once per connection."""
+
+    def __init__(self, channel: paramiko.Channel, label: str, ready_timeout: float) -> None:
+        self.channel = channel
+        self.label = label
+        self._lock = threading.Lock()
+        self._next = 0
+        self._waiting: dict[int, tuple[threading.Event, list[Any]]] = {}
+        self._closed = False
+        self._reader = channel.makefile("rb")
+        ready = self._reader.readline()
+        if not ready.startswith(b'{"ready"'):
+            err = channel.makefile_stderr("rb").read().decode(errors="replace").strip()
+            raise TransportError(
+                f"{label}: cannot start the worker helper (is orchestrate installed for the "
+                f"configured python?): {(err or ready.decode(errors='replace'))[-300:]}"
+            )
+        threading.Thread(target=self._read, name=f"hostd-{label}", daemon=True).start()
+
+    def _read(self) -> None:
+        try:
+            for line in self._reader:
+                reply = json.loads(line)
+                with self._lock:
+                    waiter = self._waiting.pop(reply.get("id"), None)
+                if waiter is not None:
+                    waiter[1].append(reply)
+                    waiter[0].set()
+        except (OSError, EOFError, ValueError, paramiko.SSHException):
+            pass
+        with self._lock:
+            self._closed = True
+            waiting, self._waiting = self._waiting, {}
+        for event, _ in waiting.values():
+            event.set()  # no reply: the caller sees the channel closed
+
+    def call(self, op: str, args: dict[str, Any], timeout: float) -> Any:
+        event: threading.Event = threading.Event()
+        slot: list[Any] = []
+        with self._lock:
+            if self._closed:
+                raise EOFError("worker helper channel closed")
+            self._next += 1
+            request_id = self._next
+            self._waiting[request_id] = (event, slot)
+            self.channel.sendall(
+                json.dumps({"id": request_id, "op": op, "args": args}).encode() + b"\n"
+            )
+        if not event.wait(timeout):
+            with self._lock:
+                self._waiting.pop(request_id, None)
+            raise TransportError(f"{self.label}: {op} timed out after {timeout:g}s")
+        if not slot:
+            raise EOFError("worker helper channel closed")
+        reply = slot[0]
+        if not reply.get("ok"):
+            raise TransportError(f"{self.label}: {op} failed: {reply.get('error')}")
+        return reply.get("result")
+
+    @property
+    def closed(self) -> bool:
+        return self._closed or self.channel.closed
+
+
 class SshTransport:
     """One host, one reused SSH connection."""
 
@@ -92,6 +159,9 @@ class SshTransport:
         self._sftp_lock = threading.Lock()
         self._conn: Connection | None = None
         self._sftp: paramiko.SFTPClient | None = None
+        self._helper: _Helper | None = None
+        self._helper_lock = threading.Lock()
+        self.python = host.python or backend.python
 
     # --- connection -------------------------------------------------------------------
     def _connect(self) -> paramiko.Transport:
@@ -160,6 +230,9 @@ class SshTransport:
         return transport
 
     def _drop_locked(self) -> None:
+        if self._helper is not None:
+            self._helper.channel.close()
+            self._helper = None
         if self._sftp is not None:
             with contextlib.suppress(Exception):
                 self._sftp.close()
@@ -255,36 +328,17 @@ class SshTransport:
         env: Mapping[str, str] | None = None,
         stdin_file: tuple[str, bytes] | None = None,
     ) -> int:
-        """One channel: optionally write stdin to a file (mode 0600, dirs 0700), then start argv
-        in a new session with every standard stream redirected, so the SSH command returns at
-        once and the session ending does not end it. `$!` is the process itself (setsid does
-        not fork when its caller is not a group leader)."""
-        log_dir = str(PurePosixPath(log_path).parent)
-        steps = [f"umask 077 && mkdir -p {shlex.quote(log_dir)}"]
+        """One round trip to the host helper: write the file (mode 0600, new directories 0700),
+        start argv in a new session with every standard stream redirected, return its pid. Not
+        retried: a start that may have happened must not happen twice."""
+        args: dict[str, Any] = {"argv": list(argv), "log_path": log_path, "env": dict(env or {})}
         if stdin_file is not None:
-            path = stdin_file[0]
-            tmp = f"{path}.tmp"
-            steps.append(
-                f"mkdir -p {shlex.quote(str(PurePosixPath(path).parent))} && "
-                f"cat > {shlex.quote(tmp)} && mv {shlex.quote(tmp)} {shlex.quote(path)}"
-            )
-        prepare = " && ".join(steps) + " || exit 97"
-        start = (
-            f"setsid nohup {self.command_line(argv, env)} "
-            f"</dev/null >>{shlex.quote(log_path)} 2>&1 & echo $!"
-        )
-        data = stdin_file[1] if stdin_file is not None else None
+            args["file"] = [stdin_file[0], stdin_file[1].decode("latin-1")]  # bytes, losslessly
         try:
-            code, out, err = self._exec(f"{prepare}; {start}", data, None)
+            return int(self._get_helper().call("start", args, self.backend.command_timeout))
         except _NETWORK_ERRORS as exc:
             self.close()
             raise TransportError(f"{self.host_label}: starting {argv[0]} failed: {exc}") from None
-        if code != 0 or not out.strip().isdigit():
-            detail = (err or out).decode(errors="replace").strip()[-300:]
-            raise TransportError(
-                f"{self.host_label}: cannot start {argv[0]} (exit {code}): {detail}"
-            )
-        return int(out.strip())
 
     # --- files ------------------------------------------------------------------------
     def _with_sftp(self, what: str, action: Callable[[paramiko.SFTPClient], _T]) -> _T:
@@ -351,33 +405,29 @@ class SshTransport:
 
         return self._with_sftp(f"reading {path}", read)
 
-    # --- processes --------------------------------------------------------------------
-    def _python(self) -> str:
-        return self.host.python or self.backend.python
+    # --- the host helper -------------------------------------------------------------
+    def _get_helper(self) -> _Helper:
+        with self._helper_lock:
+            if self._helper is None or self._helper.closed:
+                transport = self._connect()
+                channel = transport.open_session(timeout=self.backend.connect_timeout)
+                channel.settimeout(None)
+                channel.exec_command(self.command_line([self.python, "-m", "worker.hostd"]))
+                self._helper = _Helper(channel, self.host_label, self.backend.connect_timeout)
+            return self._helper
+
+    def worker_call(self, op: str, args: dict[str, Any], timeout: float | None = None) -> Any:
+        limit = timeout or self.backend.command_timeout
+        return self._retrying(op, lambda: self._get_helper().call(op, args, limit))
 
     def alive_pids(self, pids: Sequence[int]) -> set[int]:
         if not pids:
             return set()
-        argv = [self._python(), "-m", "worker.proctl", "alive", *map(str, pids)]
         timeout = self.backend.connect_timeout + 5
-        result = self._retrying("checking processes", lambda: self._run_checked(argv, timeout))
-        return {int(p) for p in result.stdout.split()}
+        return set(self.worker_call("alive", {"pids": list(pids)}, timeout))
 
     def stop_process_group(self, pgid: int, grace: float) -> bool:
-        argv = [self._python(), "-m", "worker.proctl", "stop", str(pgid), f"{grace:g}"]
-        result = self._retrying(
-            "stopping processes", lambda: self._run_checked(argv, timeout=grace + 30, ok=(0, 1))
-        )
-        return result.exit_code == 0
-
-    def _run_checked(
-        self, argv: Sequence[str], timeout: float | None = None, ok: tuple[int, ...] = (0,)
-    ) -> CommandResult:
-        code, out, err = self._exec(self.command_line(argv), None, timeout)
-        result = CommandResult(self.host_label, tuple(argv), code, out, err)
-        if code not in ok:
-            raise TransportError(f"{self.host_label}: {argv[2]} failed: {result.tail()}")
-        return result
+        return bool(self.worker_call("stop", {"pgid": pgid, "grace": grace}, grace + 30))
 
 
 def _sftp_makedirs(sftp: paramiko.SFTPClient, path: str) -> None:
