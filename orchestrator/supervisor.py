@@ -51,8 +51,9 @@ from orchestrator.store import JobRecord, Store, TaskRecord, orchestrate_home
 from worker.spec import Phase, TaskStatus
 
 # A group that failed is broken (MWMS collectives cannot complete): no checkpoint can be taken,
-# so its tasks get a short SIGTERM grace before SIGKILL, and the restart starts sooner.
-BROKEN_GROUP_GRACE = 1.0
+# and a trainer blocked in a collective ignores SIGTERM anyway. So its tasks get only a moment
+# between SIGTERM and SIGKILL, and the restart starts sooner.
+BROKEN_GROUP_GRACE = 0.2
 
 
 def new_job_id(name: str) -> str:

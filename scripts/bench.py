@@ -61,6 +61,9 @@ class Row:
     target_ratio: float | None = None
     note: str = ""
     skipped: str = ""
+    # Rows measured in alternating pairs (ours, raw) report the median of the per-pair ratios:
+    # on a noisy machine that is steadier than a ratio of two medians.
+    paired: bool = False
 
     @property
     def value(self) -> float | None:
@@ -74,6 +77,8 @@ class Row:
     def ratio(self) -> float | None:
         if self.value is None or not self.base:
             return None
+        if self.paired and len(self.values) == len(self.baseline):
+            return statistics.median(v / b for v, b in zip(self.values, self.baseline, strict=True))
         return self.value / self.base
 
     @property
@@ -208,7 +213,9 @@ def wait(predicate: Callable[[], object], timeout: float, interval: float = 0.1)
 # --- P2 / P3: cold start and throughput ------------------------------------------------------
 
 
-def raw_run(root: Path, epochs: int, kill_at_epoch: int | None = None) -> dict[str, float]:
+def raw_run(
+    root: Path, epochs: int, kill_at_epoch: int | None = None, raw_callbacks: bool = True
+) -> dict[str, float]:
     """Two workers started by hand: TF_CONFIG set, a plain script, no launcher."""
     ports = free_ports(2)
     cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
@@ -314,7 +321,17 @@ def orchestrate_kill(root: Path, home: Path, epochs: int) -> dict[str, float]:
 
     job = wait(resumed, 120)
     failure = next(e["ts"] for e in job["events"] if e["kind"] == "failure")  # type: ignore[index]
-    first = max(t["first_step_at"] for t in job["tasks"])  # type: ignore[index]
+    # The new attempt's first step, as each trainer itself printed it (as P2 measures it).
+    firsts = []
+    for i in (0, 1):
+        log = Path(job["job_dir"]) / "logs" / f"worker-{i}.log"  # type: ignore[index]
+        stamps = [
+            float(line.split()[2])
+            for line in log.read_text().splitlines()
+            if line.startswith("BENCH first_step ")
+        ]
+        firsts.append(stamps[-1])
+    first = max(firsts)
     subprocess.run(
         [PY, "-m", "orchestrator", "stop", job_id],
         env=env,
@@ -517,7 +534,8 @@ def dry_run_1000(root: Path, runs: int) -> list[float]:
 
 def run_suite(quick: bool) -> list[Row]:
     repeat = 1 if quick else 3
-    epochs = 6 if quick else 10
+    pairs = 1 if quick else 5
+    epochs = 6 if quick else 12
     hosts = [1, 4] if quick else [1, 4, 16]
     rows = {
         "P1": Row(
@@ -591,7 +609,8 @@ def run_suite(quick: bool) -> list[Row]:
         print("P7 agent RSS ...", flush=True)
         rows["P7a"].values = [agent_rss(root) for _ in range(repeat)]
         print("P2/P3 cold start and throughput, raw and orchestrated, alternating ...", flush=True)
-        for _ in range(repeat):
+        rows["P2"].paired = rows["P3"].paired = True
+        for _ in range(pairs):
             raw = raw_run(root, epochs)
             ours = orchestrate_run(root, home, epochs)
             rows["P2"].baseline.append(raw["first_step"])
