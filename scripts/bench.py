@@ -43,6 +43,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 TRAINER = REPO / "scripts" / "bench_trainer.py"
 FAKE = REPO / "tests" / "fixtures" / "fake_trainer.py"
 PY = sys.executable
+EXTRA_ENV: dict[str, str] = {}
 
 
 @dataclass
