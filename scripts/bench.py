@@ -133,6 +133,36 @@ def peak_rss_kb(pid: int) -> int:
     return 0
 
 
+def launch_and_watch_peak(
+    config: Path, home: Path, pids: Callable[[subprocess.Popen[bytes]], list[int]]
+) -> tuple[float, int]:
+    """Run `orchestrate launch CONFIG` to its end; the largest peak RSS (MB) among pids(proc)."""
+    proc = subprocess.Popen(
+        [PY, "-m", "orchestrator", "launch", str(config)],
+        env=orch_env(home),
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    peak = 0
+    while proc.poll() is None:
+        peak = max([peak, *(peak_rss_kb(pid) for pid in pids(proc))])
+        time.sleep(0.05)
+    return peak / 1024, proc.returncode
+
+
+def processes_running(path: Path) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if str(path).encode() in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                pass
+    return found
+
+
 def bench_lines(text: str) -> tuple[float | None, list[float]]:
     """First-step wall time (the latest over the workers) and every epoch's steps/s."""
     firsts, rates = [], []
@@ -386,20 +416,9 @@ def ssh_rows(root: Path, hosts: list[int], repeat: int, p1: Row, p7s: Row) -> No
         config = bench_config(bed, top, root)
         text = config.read_text().replace('args = ["--mode", "sleep"]', 'args = ["--mode", "ok"]')
         config.write_text(text)
-        home = root / "home-ssh"
-        proc = subprocess.Popen(
-            [PY, "-m", "orchestrator", "launch", str(config)],
-            env=orch_env(home),
-            cwd=REPO,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        peak = 0
-        while proc.poll() is None:
-            peak = max(peak, peak_rss_kb(proc.pid))
-            time.sleep(0.05)
-        p7s.values = [peak / 1024]
-        p7s.note = f"supervisor of {top} SSH hosts; exit {proc.returncode}"
+        peak, code = launch_and_watch_peak(config, root / "home-ssh", lambda proc: [proc.pid])
+        p7s.values = [peak]
+        p7s.note = f"supervisor of {top} SSH hosts; exit {code}"
     finally:
         tb.down(root / "bed")
 
@@ -484,25 +503,10 @@ def agent_rss(root: Path) -> float:
 
 def trainer_rss(root: Path, home: Path) -> float:
     """The trainer's own peak RSS, from a short orchestrate job (read while it trains)."""
-    config = local_config(root, 4)
-    proc = subprocess.Popen(
-        [PY, "-m", "orchestrator", "launch", str(config)],
-        env=orch_env(home),
-        cwd=REPO,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+    peak, _ = launch_and_watch_peak(
+        local_config(root, 4), home, lambda proc: processes_running(TRAINER)
     )
-    peak = 0
-    while proc.poll() is None:
-        for entry in Path("/proc").iterdir():
-            if entry.name.isdigit():
-                try:
-                    if str(TRAINER).encode() in (entry / "cmdline").read_bytes():
-                        peak = max(peak, peak_rss_kb(int(entry.name)))
-                except OSError:
-                    pass
-        time.sleep(0.2)
-    return peak / 1024
+    return peak
 
 
 def dry_run_1000(root: Path, runs: int) -> list[float]:
