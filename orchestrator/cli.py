@@ -131,6 +131,53 @@ def _launch_detached(store: Store, job: JobRecord) -> None:
     _echo(f"  orchestrate status {job.id}   orchestrate logs {job.id} --follow")
 
 
+@app.command()
+def schema() -> None:
+    """Print the JSON Schema of cluster.toml (for editors: e.g. taplo, Even Better TOML)."""
+    from orchestrator.config import ClusterConfig
+
+    document = ClusterConfig.model_json_schema()
+    document["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    document["title"] = "orchestrate cluster.toml"
+    _echo(json.dumps(document, indent=2))
+
+
+@app.command()
+def tensorboard(
+    job_ref: JobArg,
+    port: Annotated[int, typer.Option(help="Port to serve on (0: a free one).")] = 0,
+    host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
+) -> None:
+    """Serve TensorBoard on a job's log directory (every task logs to its own run)."""
+    import socket as _socket
+    import subprocess
+
+    from orchestrator.supervisor import job_home
+
+    store = Store()
+    job = store.get_job(job_ref)
+    logdir = Path(job.job_dir) / "tensorboard"
+    if not logdir.is_dir():  # the shared directory is not mounted here: use collected copies
+        logdir = job_home(job.id) / "collected" / "tensorboard"
+    if not logdir.is_dir():
+        raise UsageError(
+            f"job {job.id} has no TensorBoard logs here (tried {job.job_dir}/tensorboard)"
+        )
+    if port == 0:
+        with _socket.socket() as probe:
+            probe.bind((host, 0))
+            port = probe.getsockname()[1]
+    _echo(f"TensorBoard for job {job.id}: http://{host}:{port}/  (logdir {logdir}; Ctrl-C stops)")
+    sys.stdout.flush()
+    argv = [sys.executable, "-m", "tensorboard.main", "--logdir", str(logdir),
+            "--host", host, "--port", str(port)]  # fmt: skip
+    try:
+        code = subprocess.call(argv)
+    except KeyboardInterrupt:
+        code = 0
+    raise typer.Exit(code)
+
+
 @app.command(hidden=True)
 def supervise(job_ref: JobArg) -> None:
     """Supervise a registered job (the background half of `launch --detach`)."""

@@ -132,6 +132,24 @@ class RestartSection(_Model):
     preemption_exit_code: Annotated[int, Field(ge=1, le=255)] = 42
 
 
+class StrategySection(_Model):
+    """Which tf.distribute strategy the runtime builds (worker.runtime.make_strategy)."""
+
+    # multi_worker_mirrored: every task, one replica per device (the default across hosts);
+    # mirrored: one host, many devices; one_device: one device; tpu: a TPU via its resolver.
+    kind: Literal["multi_worker_mirrored", "mirrored", "one_device", "tpu"] = (
+        "multi_worker_mirrored"
+    )
+    # mirrored / one_device: e.g. ["/gpu:0", "/gpu:1"]; empty: every GPU, else the CPU.
+    devices: list[str] = []
+    # Split the CPU into this many logical devices first (to run mirrored without GPUs).
+    logical_cpus: Annotated[int, Field(ge=0, le=64)] = 0
+    # tpu: the TPU's address or name (e.g. "grpc://10.0.0.2:8470"); "" = the local TPU.
+    tpu: str = ""
+    # Profile these training steps into TensorBoard, e.g. [10, 20]; empty: no profiling.
+    profile_steps: Annotated[list[int], Field(max_length=2)] = []
+
+
 class ClusterConfig(_Model):
     job: JobSection
     entrypoint: EntrypointSection
@@ -139,6 +157,7 @@ class ClusterConfig(_Model):
     ports: PortsSection = PortsSection()
     supervision: SupervisionSection = SupervisionSection()
     restart: RestartSection = RestartSection()
+    strategy: StrategySection = StrategySection()
 
 
 def load_config(path: str | Path) -> ClusterConfig:
@@ -256,6 +275,17 @@ def _check_semantics(config: ClusterConfig, source: str) -> None:
         workdir = config.entrypoint.workdir
         if workdir is not None and not workdir.is_dir():
             raise ConfigError(f"{source}: entrypoint.workdir: no such directory: {workdir}")
+    if config.strategy.kind != "multi_worker_mirrored":
+        tasks = (
+            backend.workers
+            if isinstance(backend, LocalBackend)
+            else sum(h.slots for h in backend.hosts)
+        )
+        if tasks != 1:
+            raise ConfigError(
+                f"{source}: strategy.kind: {config.strategy.kind} runs as a single task, "
+                f"but the backend plans {tasks}: use one worker (or multi_worker_mirrored)"
+            )
     for name in config.entrypoint.env:
         if not name or "=" in name or "\0" in name:
             raise ConfigError(f"{source}: entrypoint.env: invalid variable name {name!r}")

@@ -14,7 +14,7 @@ from orchestrator.backends import Backend
 from orchestrator.config import ClusterConfig, LocalBackend, SshBackend
 from orchestrator.errors import LaunchError, OrchestrateError, PreflightError
 from orchestrator.plan import LaunchPlan, build_plan, fixed_ports, task_slots
-from worker.spec import JobLayout, WorkerSpec
+from worker.spec import ENV_PROFILE_STEPS, ENV_STRATEGY, JobLayout, WorkerSpec
 
 PROBE_TIMEOUT = 60.0
 AGENT_STOP_MARGIN = 2.0
@@ -197,7 +197,11 @@ def make_specs(
             host_label=task.host_label,
             tf_config=plan.tf_config(task.index),
             argv=trainer_argv(config, backend.python(task.host_index)),
-            env=dict(config.entrypoint.env),
+            env={
+                **config.entrypoint.env,
+                ENV_STRATEGY: config.strategy.model_dump_json(),
+                ENV_PROFILE_STEPS: ",".join(map(str, config.strategy.profile_steps)),
+            },
             workdir=str(config.entrypoint.workdir),
             shared_dir=str(config.job.shared_dir),
             heartbeat_interval=sup.heartbeat_interval,

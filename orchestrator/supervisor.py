@@ -507,6 +507,7 @@ def collect_job(backend: Backend, job_root: object, dest: Path) -> int:
     root = str(job_root)
     count = transport.get_tree(f"{root}/logs", dest / "logs")
     count += transport.get_tree(f"{root}/model", dest / "model")
+    count += transport.get_tree(f"{root}/tensorboard", dest / "tensorboard")
     metrics = transport.read_file(f"{root}/metrics.json")
     if metrics is not None:
         dest.mkdir(parents=True, exist_ok=True)

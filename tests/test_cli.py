@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Callable
@@ -242,3 +243,26 @@ def test_detach_then_stop_leaves_no_process(
     assert job["state"] == "stopped"
     assert {t["state"] for t in job["tasks"]} == {"stopped"}
     wait_for(lambda: not is_alive(job["supervisor"]["pid"]), 10)
+
+
+def test_schema_validates_the_example_and_rejects_a_typo(cli: Callable[..., CliResult]) -> None:
+    import tomllib
+
+    import jsonschema
+
+    result = cli("schema")
+    assert result.code == 0, result.err
+    schema = json.loads(result.out)
+    example = tomllib.loads((REPO / "cluster.example.toml").read_text())
+    jsonschema.validate(example, schema)  # raises if the example does not validate
+    example["backend"]["wokers"] = 2
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(example, schema)
+
+
+def test_shell_completion_lists_the_commands(tmp_path: Path) -> None:
+    env = {**os.environ, "_ORCHESTRATE_COMPLETE": "complete_bash", "COMP_WORDS": "orchestrate st",
+           "COMP_CWORD": "1"}  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", "from orchestrator.cli import app; app(prog_name='orchestrate')"],
+                         capture_output=True, text=True, env=env, cwd=REPO)  # fmt: skip
+    assert {"status", "stop"} <= set(out.stdout.split()), out.stdout + out.stderr

@@ -72,6 +72,24 @@ def test_example_trains_on_disjoint_shards_and_the_chief_saves_once(
         "p = np.argmax(m.predict((x / 16.0).astype('float32'), verbose=0), axis=1);"
         "print(float(np.mean(p == y)))"
     )
+    # Every task wrote TensorBoard scalars to its own run (one epoch_loss value per epoch).
+    for i in (0, 1):
+        events = list(
+            (job_dir / "tensorboard" / f"worker-{i}" / "train").glob("events.out.tfevents.*")
+        )
+        assert events, f"no TensorBoard events for worker-{i}"
+    count_scalars = (
+        "import sys, tensorflow as tf; print(sum(1 for f in sys.argv[1:] "
+        "for e in tf.compat.v1.train.summary_iterator(f) for v in e.summary.value "
+        "if v.tag == 'epoch_loss'))"
+    )
+    for i in (0, 1):
+        files = [
+            str(p) for p in (job_dir / "tensorboard" / f"worker-{i}" / "train").glob("events*")
+        ]
+        out = subprocess.run([sys.executable, "-c", count_scalars, *files], capture_output=True,
+                             text=True, timeout=120)  # fmt: skip
+        assert out.stdout.strip().splitlines()[-1] == "6", out.stderr[-1000:]
     out = subprocess.run(
         [sys.executable, "-c", load, str(collected / "model")],
         capture_output=True,
@@ -80,6 +98,67 @@ def test_example_trains_on_disjoint_shards_and_the_chief_saves_once(
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert float(out.stdout.strip().splitlines()[-1]) >= 0.9
+
+    # `orchestrate tensorboard JOB` serves those logs.
+    tensorboard = subprocess.Popen([sys.executable, "-m", "orchestrator", "tensorboard", job["id"]],
+                                   stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                                   cwd=REPO)  # fmt: skip
+    try:
+        first = tensorboard.stdout.readline() if tensorboard.stdout else ""
+        url = first.split()[first.split().index("job") + 2]
+        assert url.startswith("http://127.0.0.1:")
+        import urllib.request
+
+        def serving() -> bool:
+            try:
+                with urllib.request.urlopen(url + "data/runs", timeout=2) as response:
+                    return "worker-0/train" in response.read().decode()
+            except OSError:
+                return False
+
+        wait_for(serving, 60, interval=0.5)
+    finally:
+        tensorboard.terminate()
+        tensorboard.wait(timeout=20)
+
+
+def test_mirrored_strategy_on_two_logical_cpus_trains_and_saves(
+    tmp_path: Path, cli: Callable[..., CliResult]
+) -> None:
+    path = example_config(tmp_path, epochs=3)
+    text = path.read_text().replace("workers = 2", "workers = 1")
+    path.write_text(text + '\n[strategy]\nkind = "mirrored"\nlogical_cpus = 2\n')
+    result = cli("launch", str(path), timeout=240)
+    assert result.code == 0, result.out[-3000:] + result.err
+    assert "[worker-0 local] worker 0/1: 1408 of 1437 training images" in result.out
+    assert "2 replica(s) in sync" in result.out
+    [job] = status_json(cli)["jobs"]
+    assert (Path(job["job_dir"]) / "model" / "saved_model.pb").is_file()
+
+
+def test_tpu_strategy_is_wired_resolver_connect_initialize(tmp_path: Path) -> None:
+    """No TPU here: the TensorFlow calls are replaced by recorders, and their order checked."""
+    code = """
+import json, sys
+from worker import runtime
+tf = runtime.tf
+calls = []
+class Resolver:
+    def __init__(self, tpu): calls.append(("resolver", tpu))
+tf.distribute.cluster_resolver.TPUClusterResolver = Resolver
+tf.config.experimental_connect_to_cluster = lambda r: calls.append(("connect", type(r).__name__))
+tf.tpu.experimental.initialize_tpu_system = lambda r: calls.append(("initialize", type(r).__name__))
+tf.distribute.TPUStrategy = lambda r: calls.append(("strategy", type(r).__name__)) or "tpu-strategy"
+ctx = runtime.task_context()
+print(json.dumps([runtime.make_strategy(ctx, {"kind": "tpu", "tpu": "grpc://10.9.9.9:8470"}), calls]))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, cwd=REPO)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    strategy, calls = json.loads(out.stdout.strip().splitlines()[-1])
+    assert strategy == "tpu-strategy"
+    assert calls == [["resolver", "grpc://10.9.9.9:8470"], ["connect", "Resolver"],
+                     ["initialize", "Resolver"], ["strategy", "Resolver"]]  # fmt: skip
 
 
 def test_detached_job_reports_fresh_heartbeats_and_growing_steps(

@@ -34,7 +34,9 @@ import tensorflow as tf
 
 from worker.spec import (
     ENV_JOB_DIR,
+    ENV_PROFILE_STEPS,
     ENV_PROGRESS_FILE,
+    ENV_STRATEGY,
     ENV_TASK_DIR,
     Phase,
     Progress,
@@ -95,11 +97,43 @@ def report_phase(ctx: TaskContext, phase: Phase) -> None:
         write_json_atomic(ctx.progress_file, Progress(phase=phase).to_dict())
 
 
-def make_strategy(ctx: TaskContext) -> tf.distribute.Strategy:
-    """MultiWorkerMirroredStrategy when TF_CONFIG names a cluster, else the default strategy.
+def make_strategy(
+    ctx: TaskContext, settings: dict[str, Any] | None = None
+) -> tf.distribute.Strategy:
+    """The strategy cluster.toml's [strategy] asks for (passed by the agent in
+    ORCHESTRATE_STRATEGY; settings override it):
 
+    - multi_worker_mirrored (default): MultiWorkerMirroredStrategy when TF_CONFIG names a
+      cluster, else the default strategy;
+    - mirrored: MirroredStrategy over `devices` (default: every GPU, else the CPU);
+    - one_device: OneDeviceStrategy on `devices[0]` (default: the first GPU, else the CPU);
+    - tpu: resolve the TPU at `tpu`, connect, initialise it, TPUStrategy.
+
+    `logical_cpus = N` first splits the CPU into N logical devices (mirrored without GPUs).
     Create it at program start: MWMS requires TF_CONFIG before any other TensorFlow work.
     """
+    cfg = settings if settings is not None else json.loads(os.environ.get(ENV_STRATEGY, "{}"))
+    kind = cfg.get("kind", "multi_worker_mirrored")
+    devices = list(cfg.get("devices") or [])
+    if cfg.get("logical_cpus"):
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        tf.config.set_logical_device_configuration(
+            cpu, [tf.config.LogicalDeviceConfiguration()] * int(cfg["logical_cpus"])
+        )
+        if kind == "mirrored" and not devices:
+            devices = [d.name for d in tf.config.list_logical_devices("CPU")]
+    if kind == "mirrored":
+        return tf.distribute.MirroredStrategy(devices=devices or None)
+    if kind == "one_device":
+        gpus = tf.config.list_logical_devices("GPU")
+        return tf.distribute.OneDeviceStrategy(
+            devices[0] if devices else (gpus[0].name if gpus else "/cpu:0")
+        )
+    if kind == "tpu":
+        resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=cfg.get("tpu", ""))
+        tf.config.experimental_connect_to_cluster(resolver)
+        tf.tpu.experimental.initialize_tpu_system(resolver)
+        return tf.distribute.TPUStrategy(resolver)
     if "TF_CONFIG" in os.environ and ctx.num_workers >= 1:
         report_phase(ctx, Phase.JOINING)  # blocks here until every peer has connected
         strategy = tf.distribute.MultiWorkerMirroredStrategy()
@@ -152,6 +186,59 @@ def shard_arrays(
     ctx.task_dir.mkdir(parents=True, exist_ok=True)
     write_json_atomic(ctx.task_dir / "shard.json", {"indices": shard.tolist()})
     return ShardedData(dataset=dataset, steps_per_epoch=steps, shard_indices=shard)
+
+
+def tfrecord_dataset_fn(
+    files: Sequence[str | os.PathLike[str]],
+    parse: Any,
+    global_batch_size: int,
+    *,
+    cache: bool = False,
+    shuffle_buffer: int = 10_000,
+    seed: int = 0,
+    repeat: bool = True,
+) -> Any:
+    """A dataset_fn for `strategy.distribute_datasets_from_function` over TFRecord files on the
+    shared directory, following the tf.data performance guide:
+
+    - shard by FILE when there are at least as many files as workers (each worker opens only
+      its own files), else by DATA (every worker reads every file, keeps every n-th record);
+    - interleave the files in parallel, `map(parse)` in parallel;
+    - optionally cache after parsing (small datasets, or a costly parse), shuffle, repeat;
+    - batch at the per-replica size (global_batch_size / replicas), prefetch with AUTOTUNE.
+
+    Give equal-sized shards (scripts/make_tfrecords.py writes them): then every worker runs the
+    same number of steps, and with steps_per_epoch = records / global_batch_size each epoch sees
+    every record exactly once across the workers.
+    """
+    paths = sorted(str(f) for f in files)
+
+    def dataset_fn(input_context: tf.distribute.InputContext) -> tf.data.Dataset:
+        workers, index = input_context.num_input_pipelines, input_context.input_pipeline_id
+        if len(paths) >= workers:  # FILE policy
+            names = tf.data.Dataset.from_tensor_slices(paths).shard(workers, index)
+            ds = names.interleave(
+                tf.data.TFRecordDataset,
+                cycle_length=max(1, min(len(paths) // workers, 8)),
+                num_parallel_calls=tf.data.AUTOTUNE,
+                deterministic=False,
+            )
+        else:  # DATA policy: fewer files than workers
+            ds = tf.data.TFRecordDataset(paths).shard(workers, index)
+        options = tf.data.Options()
+        options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+        ds = ds.with_options(options)  # sharded above, explicitly
+        ds = ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE)
+        if cache:
+            ds = ds.cache()
+        if shuffle_buffer:
+            ds = ds.shuffle(shuffle_buffer, seed=seed + index, reshuffle_each_iteration=True)
+        if repeat:
+            ds = ds.repeat()
+        per_replica = input_context.get_per_replica_batch_size(global_batch_size)
+        return ds.batch(per_replica, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+
+    return dataset_fn
 
 
 class ProgressReporter(tf.keras.callbacks.Callback):
@@ -223,6 +310,18 @@ class ProgressReporter(tf.keras.callbacks.Callback):
         self._last_write = now
 
 
+def tensorboard_callback(ctx: TaskContext) -> tf.keras.callbacks.TensorBoard:
+    """Scalars per epoch into the task's own run under JOB_DIR/tensorboard (worker-0, ...).
+    ORCHESTRATE_PROFILE_STEPS="10,20" also profiles those steps."""
+    profile = os.environ.get(ENV_PROFILE_STEPS, "")
+    return tf.keras.callbacks.TensorBoard(
+        log_dir=str(ctx.job_dir / "tensorboard" / f"{ctx.task_type}-{ctx.task_index}"),
+        update_freq="epoch",
+        profile_batch=tuple(int(s) for s in profile.split(",")) if profile else 0,
+        write_graph=False,
+    )
+
+
 PREEMPTION_EXIT_CODE = 42  # what orchestrate's restart.preemption_exit_code expects
 
 
@@ -273,6 +372,7 @@ def callbacks(
     ]
     if ctx.progress_file is not None:
         result.append(ProgressReporter(ctx.progress_file))
+    result.append(tensorboard_callback(ctx))
     if strategy is not None:
         result.append(PreemptionCheckpoint(strategy))
     return result

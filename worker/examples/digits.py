@@ -36,7 +36,8 @@ def main() -> None:
     data = runtime.shard_arrays(strategy, ctx, (x_train, y_train), args.global_batch_size)
     print(
         f"worker {ctx.task_index}/{ctx.num_workers}: {len(data.shard_indices)} of "
-        f"{len(x_train)} training images, {data.steps_per_epoch} steps per epoch",
+        f"{len(x_train)} training images, {data.steps_per_epoch} steps per epoch, "
+        f"{strategy.num_replicas_in_sync} replica(s) in sync",
         flush=True,
     )
 
