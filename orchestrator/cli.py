@@ -132,6 +132,39 @@ def _launch_detached(store: Store, job: JobRecord) -> None:
 
 
 @app.command()
+def report(
+    job_ref: JobArg,
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+) -> None:
+    """A job's run report: wall time, restarts and causes, per-task steps/s, final metrics, and a
+    chart of loss and throughput per task (PNG)."""
+    from orchestrator.report import write_report
+    from orchestrator.supervisor import job_home
+
+    store = Store()
+    job = store.get_job(job_ref)
+    write_report(store, job, job_home(job.id))
+    data = json.loads((job_home(job.id) / "report.json").read_text())
+    if as_json:
+        _echo(json.dumps(data, indent=2))
+        return
+    _echo(f"job {data['job']}: {data['state']} in {data['wall_seconds']:.0f}s, "
+          f"{data['restarts']} restart(s)")  # fmt: skip
+    for cause in data["restart_causes"]:
+        _echo(f"  restart: {cause}")
+    rows = [
+        [f"worker-{i}", t["host"], t["state"], str(t["epoch"]), str(t["steps"]),
+         "-" if t["loss"] is None else f"{t['loss']:.4f}",
+         "-" if t["median_steps_per_sec"] is None else f"{t['median_steps_per_sec']:.1f}"]
+        for i, t in data["tasks"].items()
+    ]  # fmt: skip
+    _echo(_table(["TASK", "HOST", "STATE", "EPOCH", "STEPS", "LOSS", "STEPS/S (median)"], rows))
+    if data["metrics"]:
+        _echo("metrics: " + ", ".join(f"{k}={v}" for k, v in data["metrics"].items()))
+    _echo(f"chart: {data['chart']['path']}")
+
+
+@app.command()
 def schema() -> None:
     """Print the JSON Schema of cluster.toml (for editors: e.g. taplo, Even Better TOML)."""
     from orchestrator.config import ClusterConfig

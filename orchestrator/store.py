@@ -15,10 +15,11 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from orchestrator.errors import JobNotFoundError
+from orchestrator.errors import JobNotFoundError, UsageError
 from orchestrator.states import JobState, TaskState
 
 ENV_HOME = "ORCHESTRATE_HOME"
+SCHEMA_VERSION = 1
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -69,6 +70,17 @@ CREATE TABLE IF NOT EXISTS events (
     message TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS events_by_job ON events(job_id, id);
+CREATE TABLE IF NOT EXISTS samples (
+    job_id TEXT NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,
+    task INTEGER NOT NULL,
+    ts REAL NOT NULL,
+    attempt INTEGER NOT NULL,
+    epoch INTEGER NOT NULL,
+    step INTEGER NOT NULL,
+    loss REAL,
+    steps_per_sec REAL
+);
+CREATE INDEX IF NOT EXISTS samples_by_job ON samples(job_id, task, ts);
 """
 
 
@@ -133,6 +145,17 @@ class EventRecord:
     message: str
 
 
+@dataclass(frozen=True)
+class Sample:
+    task: int
+    ts: float
+    attempt: int
+    epoch: int
+    step: int
+    loss: float | None
+    steps_per_sec: float | None
+
+
 _JOB_COLUMNS = [f.name for f in fields(JobRecord)]
 _TASK_COLUMNS = [f.name for f in fields(TaskRecord)]
 _TASK_UPDATABLE = frozenset(_TASK_COLUMNS) - {"job_id", "idx"}
@@ -160,8 +183,15 @@ class Store:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute("PRAGMA foreign_keys=ON")
-        if not self._has_schema():
+        version = self._db.execute("PRAGMA user_version").fetchone()[0]
+        if version != SCHEMA_VERSION:
+            if self._has_schema():
+                raise UsageError(
+                    f"{self.path} was written by another version of orchestrate (schema "
+                    f"{version}, this one needs {SCHEMA_VERSION}): move it away to start afresh"
+                )
             self._db.executescript(_SCHEMA)
+            self._db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
     def _has_schema(self) -> bool:
         row = self._db.execute(
@@ -282,6 +312,26 @@ class Store:
             "INSERT INTO events (job_id, ts, kind, task, message) VALUES (?, ?, ?, ?, ?)",
             (job_id, time.time(), kind, task, message),
         )
+
+    def add_samples(self, job_id: str, samples: list[Sample]) -> None:
+        """Progress over time (one row per change a supervisor saw), for the run report."""
+        if samples:
+            self._db.executemany(
+                "INSERT INTO samples (job_id, task, ts, attempt, epoch, step, loss, steps_per_sec)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                [
+                    (job_id, s.task, s.ts, s.attempt, s.epoch, s.step, s.loss, s.steps_per_sec)
+                    for s in samples
+                ],
+            )
+
+    def samples(self, job_id: str) -> list[Sample]:
+        rows = self._db.execute(
+            "SELECT task, ts, attempt, epoch, step, loss, steps_per_sec FROM samples "
+            "WHERE job_id = ? ORDER BY task, ts",
+            (job_id,),
+        ).fetchall()
+        return [Sample(**dict(r)) for r in rows]
 
     def events(self, job_id: str) -> list[EventRecord]:
         rows = self._db.execute(

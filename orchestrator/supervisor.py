@@ -47,7 +47,7 @@ from orchestrator.monitor import (
 )
 from orchestrator.plan import LaunchPlan, TaskPlan, task_slots
 from orchestrator.states import JobState, TaskState
-from orchestrator.store import JobRecord, Store, TaskRecord, orchestrate_home
+from orchestrator.store import JobRecord, Sample, Store, TaskRecord, orchestrate_home
 from worker.spec import Phase, TaskStatus
 
 # A group that failed is broken (MWMS collectives cannot complete): no checkpoint can be taken,
@@ -333,6 +333,7 @@ class Supervisor:
         alive = self._alive_agents_cached(group.agents, now_mono)
         observations: list[TaskObservation] = []
         updates: dict[int, dict[str, object]] = {}
+        samples: list[Sample] = []
         for agent in group.agents:
             i = agent.task_index
             task = group.plan.tasks[i]
@@ -371,6 +372,18 @@ class Supervisor:
                     seq=status.seq,
                 )
             if row != watch.last.get(i):
+                if progress is not None and progress.step != watch.last.get(i, {}).get("step"):
+                    samples.append(
+                        Sample(
+                            i,
+                            now,
+                            group.attempt,
+                            progress.epoch,
+                            progress.step,
+                            progress.loss,
+                            progress.steps_per_sec,
+                        )
+                    )
                 watch.last[i] = row
                 values = {k: v for k, v in row.items() if k != "seq"}
                 values["heartbeat_at"] = now - (now_mono - watch.seq_changed.get(i, now_mono))
@@ -388,6 +401,7 @@ class Supervisor:
                 )
             )
         self.store.update_tasks(self.job.id, updates)
+        self.store.add_samples(self.job.id, samples)
         return observations
 
     @staticmethod
@@ -480,6 +494,13 @@ class Supervisor:
         self.store.update_job(self.job.id, state=state, last_cause=cause)
         self.store.add_event(self.job.id, state.value, cause)
         self.sink.info(f"job {self.job.id} {state.value}: {cause}")
+        try:
+            from orchestrator.report import write_report  # matplotlib: only at the end
+
+            path = write_report(self.store, self.store.get_job(self.job.id), job_home(self.job.id))
+            self.sink.info(f"run report: {path}")
+        except Exception as exc:
+            self.store.add_event(self.job.id, "report_failed", f"{type(exc).__name__}: {exc}")
 
 
 def _task_plan(task: TaskRecord) -> TaskPlan:

@@ -62,6 +62,16 @@ def test_example_trains_on_disjoint_shards_and_the_chief_saves_once(
     metrics = json.loads((job_dir / "metrics.json").read_text())
     assert metrics["test_accuracy"] >= 0.9
 
+    # The run report: a chart with one line per task, per-task throughput, the final metrics.
+    job_home = tmp_path / "home" / "jobs" / job["id"]
+    assert (job_home / "report.png").stat().st_size > 10_000
+    report = cli("report", job["id"], "--json")
+    assert report.code == 0, report.err
+    data = json.loads(report.out)
+    assert data["chart"]["lines"] == ["worker-0", "worker-1"]
+    assert all(t["median_steps_per_sec"] > 0 and t["epoch"] == 6 for t in data["tasks"].values())
+    assert data["metrics"]["test_accuracy"] >= 0.9 and data["restarts"] == 0
+
     # The collected model loads and predicts in a fresh process.
     collected = tmp_path / "home" / "jobs" / job["id"] / "collected"
     assert (collected / "logs" / "worker-1.log").is_file()

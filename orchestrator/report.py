@@ -1,0 +1,90 @@
+"""The run report: wall time, restarts and their causes, per-task throughput, final metrics,
+and a chart of loss and steps/s per task over time. Written at the end of every job
+(`$ORCHESTRATE_HOME/jobs/JOB/report.json` and `report.png`) and by `orchestrate report JOB`."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+from orchestrator.store import JobRecord, Store
+
+
+def build_report(store: Store, job: JobRecord, job_home: Path) -> dict[str, Any]:
+    samples = store.samples(job.id)
+    tasks = store.tasks(job.id)
+    events = store.events(job.id)
+    per_task: dict[int, dict[str, Any]] = {}
+    for task in tasks:
+        mine = [s for s in samples if s.task == task.idx]
+        rates = [s.steps_per_sec for s in mine if s.steps_per_sec]
+        per_task[task.idx] = {
+            "host": task.host,
+            "state": task.state.value,
+            "epoch": task.epoch,
+            "steps": task.step,
+            "loss": task.loss,
+            "median_steps_per_sec": round(statistics.median(rates), 2) if rates else None,
+        }
+    metrics_path = job_home / "collected" / "metrics.json"
+    metrics = json.loads(metrics_path.read_text()) if metrics_path.is_file() else {}
+    return {
+        "job": job.id,
+        "state": job.state.value,
+        "wall_seconds": round((job.ended or job.updated) - job.created, 1),
+        "restarts": job.restarts,
+        "preemptions": job.preemptions,
+        "restart_causes": [e.message for e in events if e.kind == "restart"],
+        "last_cause": job.last_cause,
+        "tasks": per_task,
+        "metrics": metrics,
+    }
+
+
+def draw_chart(store: Store, job: JobRecord, path: Path) -> list[str]:
+    """Loss and steps/s per task over time; returns the labels of the lines drawn per panel."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    samples = store.samples(job.id)
+    fig, (loss_ax, rate_ax) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
+    labels = []
+    for task in sorted({s.task for s in samples}):
+        mine = [s for s in samples if s.task == task]
+        times = [s.ts - job.created for s in mine]
+        label = f"worker-{task}"
+        loss_ax.plot(
+            times, [s.loss if s.loss is not None else float("nan") for s in mine], label=label
+        )
+        rate_ax.plot(times, [s.steps_per_sec or float("nan") for s in mine], label=label)
+        labels.append(label)
+    for event in store.events(job.id):
+        if event.kind == "restart":
+            for ax in (loss_ax, rate_ax):
+                ax.axvline(event.ts - job.created, color="grey", linestyle="--", linewidth=1)
+    loss_ax.set_ylabel("loss")
+    rate_ax.set_ylabel("steps/s")
+    rate_ax.set_xlabel("seconds since launch (dashed: restarts)")
+    loss_ax.set_title(f"{job.id}: {job.state.value}")
+    if labels:
+        loss_ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    drawn = [
+        line.get_label() for line in loss_ax.get_lines() if not line.get_label().startswith("_")
+    ]
+    plt.close(fig)
+    return drawn
+
+
+def write_report(store: Store, job: JobRecord, job_home: Path) -> Path:
+    report = build_report(store, job, job_home)
+    chart = job_home / "report.png"
+    report["chart"] = {"path": str(chart), "lines": draw_chart(store, job, chart)}
+    (job_home / "report.json").write_text(json.dumps(report, indent=2))
+    return chart
