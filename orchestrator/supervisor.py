@@ -139,6 +139,7 @@ class Supervisor:
         self._tailers: dict[int, LogTailer] = {}
         self._alive_cache: set[int] = set()
         self._alive_checked_at = float("-inf")
+        self._alive_checked_pids: frozenset[int] = frozenset()
         self._leftovers: list[AgentRef] = []  # agents of earlier attempts we could not stop
         self._watch_state = _Watch(started=time.monotonic())
 
@@ -416,11 +417,15 @@ class Supervisor:
         )
 
     def _alive_agents_cached(self, agents: list[AgentRef], now: float) -> set[int]:
-        """Liveness at most every backend.alive_check_interval (a remote command each)."""
+        """Liveness at most every backend.alive_check_interval (a remote call each), and at once
+        for agents not checked before (a relaunch must not be judged by the old group's pids)."""
         interval = self.backend.alive_check_interval
-        if interval <= 0 or now - self._alive_checked_at >= interval:
+        pids = frozenset(a.pid for a in agents)
+        stale = interval <= 0 or now - self._alive_checked_at >= interval
+        if stale or pids != self._alive_checked_pids:
             self._alive_cache = self._alive_agents(agents)
             self._alive_checked_at = now
+            self._alive_checked_pids = pids
         return self._alive_cache
 
     def _alive_agents(self, agents: list[AgentRef]) -> set[int]:

@@ -180,7 +180,9 @@ def test_failures_beyond_max_restarts_fail_the_job_with_its_cause(
     assert job["state"] == "failed" and job["restarts"] == 1
     assert job["last_cause"] == "worker-1 exited with code 3 (max_restarts (1) reached)"
     assert result.out.count("[worker-1 local] injected crash at epoch 3") == 2
-    assert [t["initial_epoch"] for t in job["tasks"]] == [2, 2]  # the second attempt resumed
+    # The second attempt resumed at epoch 3 (it crashed there again, not at epoch 1). Only the
+    # crashing task's last report is certain: the others were stopped mid-heartbeat.
+    assert job["tasks"][1]["initial_epoch"] == 2
     assert not job_processes(job["id"])
 
 

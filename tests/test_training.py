@@ -137,13 +137,18 @@ def test_mirrored_strategy_on_two_logical_cpus_trains_and_saves(
 ) -> None:
     path = example_config(tmp_path, epochs=3)
     text = path.read_text().replace("workers = 2", "workers = 1")
-    path.write_text(text + '\n[strategy]\nkind = "mirrored"\nlogical_cpus = 2\n')
+    path.write_text(
+        text + '\n[strategy]\nkind = "mirrored"\nlogical_cpus = 2\nprofile_steps = [3, 5]\n'
+    )
     result = cli("launch", str(path), timeout=240)
     assert result.code == 0, result.out[-3000:] + result.err
     assert "[worker-0 local] worker 0/1: 1408 of 1437 training images" in result.out
     assert "2 replica(s) in sync" in result.out
     [job] = status_json(cli)["jobs"]
     assert (Path(job["job_dir"]) / "model" / "saved_model.pb").is_file()
+    # The profiler ran for the steps asked, into the task's TensorBoard run.
+    profiles = Path(job["job_dir"]) / "tensorboard" / "worker-0" / "plugins" / "profile"
+    assert any(profiles.rglob("*.xplane.pb")), sorted(Path(job["job_dir"]).rglob("*"))[:40]
 
 
 def test_tpu_strategy_is_wired_resolver_connect_initialize(tmp_path: Path) -> None:
