@@ -183,7 +183,6 @@ def tensorboard(
 ) -> None:
     """Serve TensorBoard on a job's log directory (every task logs to its own run)."""
     import socket as _socket
-    import subprocess
 
     from orchestrator.supervisor import job_home
 
@@ -204,11 +203,9 @@ def tensorboard(
     sys.stdout.flush()
     argv = [sys.executable, "-m", "tensorboard.main", "--logdir", str(logdir),
             "--host", host, "--port", str(port)]  # fmt: skip
-    try:
-        code = subprocess.call(argv)
-    except KeyboardInterrupt:
-        code = 0
-    raise typer.Exit(code)
+    # Become TensorBoard: a signal to this process (Ctrl-C, a stop) then reaches it directly,
+    # and no child is left behind.
+    os.execv(sys.executable, argv)
 
 
 @app.command(hidden=True)

@@ -14,6 +14,8 @@ import os
 import secrets
 import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -499,13 +501,19 @@ class Supervisor:
         self.store.update_job(self.job.id, state=state, last_cause=cause)
         self.store.add_event(self.job.id, state.value, cause)
         self.sink.info(f"job {self.job.id} {state.value}: {cause}")
-        try:
-            from orchestrator.report import write_report  # matplotlib: only at the end
-
-            path = write_report(self.store, self.store.get_job(self.job.id), job_home(self.job.id))
-            self.sink.info(f"run report: {path}")
-        except Exception as exc:
-            self.store.add_event(self.job.id, "report_failed", f"{type(exc).__name__}: {exc}")
+        # The run report draws with matplotlib: in a process of its own, so the supervisor
+        # (resident for the whole job) never carries matplotlib's memory.
+        report = subprocess.run(
+            [sys.executable, "-m", "orchestrator", "report", self.job.id, "--json"],
+            capture_output=True,
+            timeout=300,
+            check=False,
+        )
+        if report.returncode == 0:
+            self.sink.info(f"run report: {job_home(self.job.id) / 'report.png'}")
+        else:
+            detail = report.stderr.decode(errors="replace").strip()[-300:]
+            self.store.add_event(self.job.id, "report_failed", detail)
 
 
 def _task_plan(task: TaskRecord) -> TaskPlan:

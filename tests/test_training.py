@@ -30,6 +30,13 @@ def example_config(tmp_path: Path, epochs: int) -> Path:
     return path
 
 
+def _cmdline_has(proc: Path, text: str) -> bool:
+    try:
+        return text.encode() in (proc / "cmdline").read_bytes()
+    except OSError:
+        return False
+
+
 def _pids(job: dict) -> list[int]:
     return [p for t in job["tasks"] for p in (t["agent_pid"], t["pid"]) if p]
 
@@ -130,6 +137,12 @@ def test_example_trains_on_disjoint_shards_and_the_chief_saves_once(
     finally:
         tensorboard.terminate()
         tensorboard.wait(timeout=20)
+    # The CLI became TensorBoard (exec): stopping it left no TensorBoard process behind.
+    assert not [
+        p
+        for p in Path("/proc").iterdir()
+        if p.name.isdigit() and _cmdline_has(p, str(job_dir / "tensorboard"))
+    ]
 
 
 def test_mirrored_strategy_on_two_logical_cpus_trains_and_saves(
