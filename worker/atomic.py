@@ -12,6 +12,18 @@ from typing import Any
 _counter = itertools.count()
 
 
+def makedirs_private(path: str | os.PathLike[str]) -> None:
+    """Create missing directories, each mode 0700 (os.makedirs applies mode to the leaf alone)."""
+    missing = []
+    current = os.fspath(path)
+    while current and not os.path.isdir(current):
+        missing.append(current)
+        current = os.path.dirname(current)
+    for directory in reversed(missing):
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(directory, 0o700)
+
+
 def write_bytes_atomic(path: str | os.PathLike[str], data: bytes, mode: int = 0o644) -> None:
     target = os.fspath(path)
     directory, name = os.path.split(target)

@@ -10,7 +10,6 @@ Operations (`handle`): probe, read_tokens, alive, stop, start, remove.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -20,18 +19,7 @@ import threading
 from typing import Any
 
 from worker import probe, proctl
-from worker.atomic import write_bytes_atomic
-
-
-def _makedirs_private(path: str) -> None:
-    """Create missing directories, each mode 0700."""
-    missing = []
-    while path and not os.path.isdir(path):
-        missing.append(path)
-        path = os.path.dirname(path)
-    for directory in reversed(missing):
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(directory, 0o700)
+from worker.atomic import makedirs_private, write_bytes_atomic
 
 
 def start(argv: list[str], log_path: str, env: dict[str, str] | None = None,
@@ -41,9 +29,9 @@ def start(argv: list[str], log_path: str, env: dict[str, str] | None = None,
     also its process group)."""
     if file is not None:
         path, data = file
-        _makedirs_private(os.path.dirname(path))
+        makedirs_private(os.path.dirname(path))
         write_bytes_atomic(path, data.encode("latin-1"), mode=0o600)
-    _makedirs_private(os.path.dirname(log_path))
+    makedirs_private(os.path.dirname(log_path))
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
             argv,

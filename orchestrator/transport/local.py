@@ -15,7 +15,7 @@ from typing import Any
 from orchestrator.errors import TransportError
 from orchestrator.transport.base import CommandResult
 from worker import hostd, proctl
-from worker.spec import write_bytes_atomic
+from worker.atomic import makedirs_private, write_bytes_atomic
 
 
 class LocalTransport:
@@ -73,7 +73,7 @@ class LocalTransport:
     ) -> int:
         if stdin_file is not None:
             self.put_file(stdin_file[0], stdin_file[1], mode=0o600)
-        _makedirs_private(Path(log_path).parent)
+        makedirs_private(Path(log_path).parent)
         with open(log_path, "ab") as log:
             try:
                 proc = subprocess.Popen(
@@ -92,7 +92,7 @@ class LocalTransport:
 
     def put_file(self, path: str, data: bytes, mode: int = 0o600) -> None:
         target = Path(path)
-        _makedirs_private(target.parent)
+        makedirs_private(target.parent)
         write_bytes_atomic(target, data, mode)
 
     def get_file(self, path: str, local_path: Path) -> None:
@@ -121,17 +121,6 @@ class LocalTransport:
 
     def close(self) -> None:
         pass
-
-
-def _makedirs_private(path: Path) -> None:
-    """Create missing directories, each of them mode 0700 (Path.mkdir applies mode to the leaf
-    alone)."""
-    missing = []
-    while not path.exists():
-        missing.append(path)
-        path = path.parent
-    for directory in reversed(missing):
-        directory.mkdir(mode=0o700, exist_ok=True)
 
 
 def _merged_env(env: Mapping[str, str] | None) -> dict[str, str] | None:
