@@ -129,19 +129,22 @@ def decide(
         late = [t for t in tasks if not t.reached_first_step and not t.state.is_terminal()]
         if late:
             never = [t.index for t in late if t.phase == Phase.NONE]
-            joining = [t.index for t in late if t.phase in (Phase.STARTING, Phase.JOINING)]
-            other = [t.index for t in late if t.index not in never and t.index not in joining]
+            starting = [t.index for t in late if t.phase == Phase.STARTING]
+            joining = [t.index for t in late if t.phase == Phase.JOINING]
+            named = {*never, *starting, *joining}
+            other = [t.index for t in late if t.index not in named]
             parts = [
                 f"{label}: {_names(group)}"
                 for label, group in (
                     ("never reported", never),
+                    ("starting", starting),
                     ("waiting for peers", joining),
                     ("no first step", other),
                 )
                 if group
             ]
             cause = f"startup deadline of {startup_deadline:g}s passed; " + "; ".join(parts)
-            culprits = tuple(never or joining or other)
+            culprits = tuple(never or starting or joining or other)
             return failure(FailureKind.STARTUP, cause, culprits)
     return CONTINUE
 

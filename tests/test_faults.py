@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -165,9 +166,13 @@ def test_a_task_that_never_joins_fails_the_startup_deadline_naming_it(
     assert result.code == 1, result
     job = status_json(cli, status_json(cli)["jobs"][0]["id"])["jobs"][0]
     assert job["state"] == "failed" and job["restarts"] == 0
-    assert job["last_cause"] == (
-        "startup deadline of 12s passed; never reported: worker-1; waiting for peers: worker-0"
-    )
+    # worker-1 never ran the runtime; worker-0 reported on importing it, and is either still
+    # loading TensorFlow (slow on a busy machine) or already waiting for worker-1.
+    assert re.fullmatch(
+        r"startup deadline of 12s passed; never reported: worker-1; "
+        r"(starting|waiting for peers): worker-0",
+        job["last_cause"],
+    ), job["last_cause"]
     assert job["ended"] - started >= 12  # not before the deadline
     assert not job_processes(job["id"])
 

@@ -129,9 +129,16 @@ def test_startup_deadline_names_the_task_that_never_reported_first() -> None:
 
     waiting = obs(0, TaskState.RUNNING, heartbeat_age=1, phase=Phase.JOINING)
     silent = obs(1, TaskState.RUNNING, heartbeat_age=1, phase=Phase.NONE)
-    d = decide([waiting, silent], **{**KW, "elapsed": 61})
+    loading = obs(2, TaskState.RUNNING, heartbeat_age=1, phase=Phase.STARTING)
+    d = decide([waiting, silent, loading], **{**KW, "elapsed": 61})
     assert d.kind == FailureKind.STARTUP and d.tasks == (1,)
-    assert d.cause.endswith("never reported: worker-1; waiting for peers: worker-0")
+    assert d.cause.endswith(
+        "never reported: worker-1; starting: worker-2; waiting for peers: worker-0"
+    )
+    # Nobody silent: the ones still starting (importing TensorFlow) are named first.
+    d = decide([waiting, loading], **{**KW, "elapsed": 61})
+    assert d.tasks == (2,)
+    assert d.cause.endswith("starting: worker-2; waiting for peers: worker-0")
 
 
 def test_restart_policy() -> None:

@@ -1,4 +1,5 @@
-"""Helpers a training script uses under orchestrate. Importing this module imports TensorFlow.
+"""Helpers a training script uses under orchestrate. Importing this module imports TensorFlow
+(after telling the agent this task has started: the import alone can take seconds).
 
 from worker import runtime
 ctx = runtime.task_context()              # reads TF_CONFIG (set by the agent)
@@ -29,9 +30,6 @@ from typing import Any
 # must be set before TensorFlow is imported.
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
-import numpy as np
-import tensorflow as tf
-
 from worker.spec import (
     ENV_JOB_DIR,
     ENV_PROFILE_STEPS,
@@ -42,6 +40,15 @@ from worker.spec import (
     Progress,
     write_json_atomic,
 )
+
+# Report STARTING before importing TensorFlow, which takes seconds here and can take a minute
+# on a cold NFS: the startup deadline then tells a task that is still loading from one that
+# never ran (it names them "starting" and "never reported").
+if os.environ.get(ENV_PROGRESS_FILE):
+    write_json_atomic(Path(os.environ[ENV_PROGRESS_FILE]), Progress(phase=Phase.STARTING).to_dict())
+
+import numpy as np
+import tensorflow as tf
 
 
 @dataclass(frozen=True)
