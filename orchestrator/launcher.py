@@ -5,20 +5,18 @@ from __future__ import annotations
 
 import contextlib
 import secrets
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TypeVar
 
 from orchestrator.backends import Backend
 from orchestrator.config import ClusterConfig, LocalBackend, SshBackend
 from orchestrator.errors import LaunchError, OrchestrateError, PreflightError
+from orchestrator.fanout import parallel
 from orchestrator.plan import LaunchPlan, build_plan, fixed_ports, task_slots
 from worker.spec import ENV_PROFILE_STEPS, ENV_STRATEGY, JobLayout, WorkerSpec
 
 PROBE_TIMEOUT = 60.0
 AGENT_STOP_MARGIN = 2.0
-_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -34,14 +32,6 @@ class HostReport:
     @property
     def ok(self) -> bool:
         return not self.problems
-
-
-def parallel(count: int, work: Callable[[int], _T]) -> list[_T]:
-    """work(i) for i in range(count), all at once (hosts are independent), results in order."""
-    if count == 1:
-        return [work(0)]
-    with ThreadPoolExecutor(max_workers=min(count, 64)) as pool:
-        return list(pool.map(work, range(count)))
 
 
 def host_labels(config: ClusterConfig) -> list[str]:

@@ -25,6 +25,7 @@ from types import FrameType
 from orchestrator.backends import Backend, open_backend
 from orchestrator.config import ClusterConfig
 from orchestrator.errors import OrchestrateError
+from orchestrator.fanout import Fanout
 from orchestrator.launcher import (
     AGENT_STOP_MARGIN,
     AgentRef,
@@ -112,6 +113,22 @@ class _Watch:
     last: dict[int, dict[str, object]] = field(default_factory=dict)
 
 
+@dataclass
+class _HostRead:
+    """What one tick read from one host; a task missing from `status` was unreachable."""
+
+    alive: set[int]  # agent pids found alive (all of them when not checked or unreachable)
+    lines: dict[int, list[bytes]] = field(default_factory=dict)  # task -> new whole log lines
+    status: dict[int, bytes | None] = field(default_factory=dict)  # task -> status file
+
+
+def _agents_by_host(agents: list[AgentRef]) -> dict[int, list[AgentRef]]:
+    by_host: dict[int, list[AgentRef]] = {}
+    for agent in agents:
+        by_host.setdefault(agent.host_index, []).append(agent)
+    return by_host
+
+
 @dataclass(frozen=True)
 class _Group:
     """One attempt's running group: what was planned and which agents run it."""
@@ -142,6 +159,7 @@ class Supervisor:
         self._alive_cache: set[int] = set()
         self._alive_checked_at = float("-inf")
         self._alive_checked_pids: frozenset[int] = frozenset()
+        self._fanout = Fanout()  # every host read at once each tick
         self._leftovers: list[AgentRef] = []  # agents of earlier attempts we could not stop
         self._watch_state = _Watch(started=time.monotonic())
 
@@ -196,6 +214,7 @@ class Supervisor:
             raise
         finally:
             self.sink.close()
+            self._fanout.close()
             self.backend.close()
 
     def _attempt(self, group: _Group | None) -> tuple[_Group | None, Decision | None]:
@@ -332,23 +351,33 @@ class Supervisor:
         return None
 
     def _observe(self, group: _Group, watch: _Watch) -> list[TaskObservation]:
+        by_host = _agents_by_host(group.agents)
+        check_alive = self._alive_check_due(group.agents, time.monotonic())
+        reads = dict(
+            zip(
+                by_host,
+                self._fanout.map(lambda h: self._read_host(h, by_host[h], check_alive), [*by_host]),
+                strict=True,
+            )
+        )
+        if check_alive:
+            self._alive_cache = set().union(*(r.alive for r in reads.values()))
+        alive = self._alive_cache
         now_mono, now = time.monotonic(), time.time()
-        alive = self._alive_agents_cached(group.agents, now_mono)
         observations: list[TaskObservation] = []
         updates: dict[int, dict[str, object]] = {}
         samples: list[Sample] = []
         for agent in group.agents:
             i = agent.task_index
             task = group.plan.tasks[i]
-            transport = self.backend.transport(task.host_index)
-            try:
-                self.sink.task_lines(i, task.host_label, self._tailers[i].poll())
-                status = _parse_status(transport.read_file(str(self.layout.status_path(i))))
-            except OrchestrateError:
+            read = reads[agent.host_index]
+            self.sink.task_lines(i, task.host_label, read.lines.get(i, []))
+            if i not in read.status:
                 # Unreachable this tick (the transport reconnects next time); its heartbeat
                 # age keeps growing, so a host that stays away is caught by the timeout.
                 observations.append(self._unreachable(i, task, watch, now_mono))
                 continue
+            status = _parse_status(read.status[i])
             if status is not None and status.attempt != group.attempt:
                 status = None  # left over from an earlier attempt
             state = task_state_of(status, agent.pid in alive)
@@ -418,30 +447,47 @@ class Supervisor:
             is_chief=task.is_chief,
         )
 
-    def _alive_agents_cached(self, agents: list[AgentRef], now: float) -> set[int]:
-        """Liveness at most every backend.alive_check_interval (a remote call each), and at once
-        for agents not checked before (a relaunch must not be judged by the old group's pids)."""
+    def _read_host(self, host_index: int, agents: list[AgentRef], check_alive: bool) -> _HostRead:
+        """One host's part of a tick (on a thread of its own): liveness when due, then each
+        task's new log lines and status file. Liveness comes first: an agent found gone has
+        already written its final status, so a task is never misread as lost."""
+        transport = self.backend.transport(host_index)
+        pids = [a.pid for a in agents]
+        read = _HostRead(alive=set(pids))  # unreachable is not proof of death
+        try:
+            if check_alive:
+                read.alive = transport.alive_pids(pids)
+            for agent in agents:
+                i = agent.task_index
+                read.lines[i] = self._tailers[i].poll()
+                read.status[i] = transport.read_file(str(self.layout.status_path(i)))
+        except OrchestrateError:
+            pass  # the tasks left without a status are observed as unreachable this tick
+        return read
+
+    def _alive_check_due(self, agents: list[AgentRef], now: float) -> bool:
+        """Liveness at most every backend.alive_check_interval (a remote call per host), and at
+        once for agents not checked before (a relaunch must not be judged by the old pids)."""
         interval = self.backend.alive_check_interval
         pids = frozenset(a.pid for a in agents)
         stale = interval <= 0 or now - self._alive_checked_at >= interval
         if stale or pids != self._alive_checked_pids:
-            self._alive_cache = self._alive_agents(agents)
             self._alive_checked_at = now
             self._alive_checked_pids = pids
-        return self._alive_cache
+            return True
+        return False
 
     def _alive_agents(self, agents: list[AgentRef]) -> set[int]:
-        by_host: dict[int, list[int]] = {}
-        for agent in agents:
-            by_host.setdefault(agent.host_index, []).append(agent.pid)
-        alive: set[int] = set()
-        for host_index, pids in by_host.items():
+        by_host = _agents_by_host(agents)
+
+        def check(host_index: int) -> set[int]:
+            pids = [a.pid for a in by_host[host_index]]
             try:
-                alive |= self.backend.transport(host_index).alive_pids(pids)
+                return self.backend.transport(host_index).alive_pids(pids)
             except OrchestrateError:
-                # Unreachable for now: not proof of death. The heartbeat timeout decides.
-                alive |= set(pids)
-        return alive
+                return set(pids)  # unreachable for now: not proof of death
+
+        return set().union(*self._fanout.map(check, [*by_host]))
 
     # --- ending -----------------------------------------------------------------------
     def _succeed(self, group: _Group, outcome: Decision) -> JobState:

@@ -65,6 +65,8 @@ class Row:
     # Rows measured in alternating pairs (ours, raw) report the median of the per-pair ratios:
     # on a noisy machine that is steadier than a ratio of two medians.
     paired: bool = False
+    # A second condition of the target (P1: coordinator CPU per host); None: there is none.
+    also_met: bool | None = None
 
     @property
     def value(self) -> float | None:
@@ -86,6 +88,8 @@ class Row:
     def met(self) -> bool | None:
         if self.value is None:
             return None
+        if self.also_met is False:
+            return False
         if self.kind == "ratio" and self.ratio is not None and self.target_ratio is not None:
             return self.ratio <= self.target_ratio
         if self.kind == "inverse" and self.ratio is not None and self.target_ratio is not None:
@@ -397,6 +401,7 @@ def ssh_rows(root: Path, hosts: list[int], repeat: int, p1: Row, p7s: Row) -> No
                 "start": [r["start"] for r in ours],
                 "cpu_per_host_ms": [r["cpu"] / n * 1000 for r in ours],
                 "raw": [r["launch"] for r in raw],
+                "raw_cpu_per_host_ms": [r["cpu"] / n * 1000 for r in raw],
             }
         top = max(hosts)
         p1.values = per_host[top]["launch"]
@@ -407,10 +412,12 @@ def ssh_rows(root: Path, hosts: list[int], repeat: int, p1: Row, p7s: Row) -> No
             f"(preflight {statistics.median(v['preflight']) * 1000:.0f}, start "
             f"{statistics.median(v['start']) * 1000:.0f}) vs raw "
             f"{statistics.median(v['raw']) * 1000:.0f} ms, CPU "
-            f"{statistics.median(v['cpu_per_host_ms']):.1f} ms/host"
+            f"{statistics.median(v['cpu_per_host_ms']):.1f} ms/host (raw "
+            f"{statistics.median(v['raw_cpu_per_host_ms']):.1f})"
             for n, v in per_host.items()
         )
         p1.target = f"{top} hosts <= 1.3x raw; CPU <= 10 ms/host (here {cpu:.1f})"
+        p1.also_met = cpu <= 10.0
 
         # The supervisor of a whole job on every host: its peak RSS while it runs.
         config = bench_config(bed, top, root)

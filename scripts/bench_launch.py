@@ -138,6 +138,7 @@ def main() -> int:
                 f"{'agent start':>24}",
                 f"{'CPU/host':>9}",
                 f"{'raw fan-out':>24}",
+                f"{'raw CPU/host':>12}",
                 "ratio",
             ]
             print(" | ".join(headers))
@@ -158,6 +159,7 @@ def main() -> int:
                     f"{summarize(ours, 'start'):>24}",
                     f"{cpu_per_host:6.1f} ms",
                     f"{summarize(raw, 'launch'):>24}",
+                    f"{statistics.median(r['cpu'] for r in raw) / n * 1000:9.1f} ms",
                     f"{ratio:.2f}x",
                 ]
                 print(" | ".join(cells))
