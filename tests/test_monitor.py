@@ -169,33 +169,22 @@ def test_restart_policy() -> None:
 
 
 def test_a_relaunched_group_is_not_judged_by_the_old_groups_liveness() -> None:
-    """Regression: liveness was cached for a second; a relaunch within that second looked dead."""
+    """Regression: liveness was cached for a second; a relaunch within that second looked dead.
+    A tick checks liveness when the interval has passed or the group's pids changed."""
     from orchestrator.launcher import AgentRef
     from orchestrator.supervisor import Supervisor
 
     class Hosts:
         alive_check_interval = 1.0
 
-        def __init__(self) -> None:
-            self.calls: list[list[int]] = []
-
-        def transport(self, host_index: int) -> object:
-            hosts = self
-
-            class Alive:
-                def alive_pids(self, pids: list[int]) -> set[int]:
-                    hosts.calls.append(list(pids))
-                    return set(pids)
-
-            return Alive()
-
     supervisor = Supervisor.__new__(Supervisor)
     supervisor.backend = Hosts()  # type: ignore[assignment]
-    supervisor._alive_cache, supervisor._alive_checked_at = set(), float("-inf")
+    supervisor._alive_checked_at = float("-inf")
     supervisor._alive_checked_pids = frozenset()
     old = [AgentRef(0, 0, 100), AgentRef(1, 0, 101)]
     new = [AgentRef(0, 0, 200), AgentRef(1, 0, 201)]
-    assert supervisor._alive_agents_cached(old, 10.0) == {100, 101}
-    assert supervisor._alive_agents_cached(old, 10.5) == {100, 101}  # cached
-    assert supervisor._alive_agents_cached(new, 10.6) == {200, 201}  # new pids: checked at once
-    assert supervisor.backend.calls == [[100, 101], [200, 201]]  # type: ignore[attr-defined]
+    assert supervisor._alive_check_due(old, 10.0)  # never checked
+    assert not supervisor._alive_check_due(old, 10.5)  # checked 0.5 s ago: cached
+    assert supervisor._alive_check_due(new, 10.6)  # new pids: checked at once
+    assert not supervisor._alive_check_due(new, 11.5)
+    assert supervisor._alive_check_due(new, 11.7)  # the interval has passed
