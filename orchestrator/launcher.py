@@ -13,6 +13,7 @@ from orchestrator.config import ClusterConfig, LocalBackend, SshBackend
 from orchestrator.errors import LaunchError, OrchestrateError, PreflightError
 from orchestrator.fanout import parallel
 from orchestrator.plan import LaunchPlan, build_plan, fixed_ports, task_slots
+from worker.probe import HOST_PROTOCOL
 from worker.spec import ENV_PROFILE_STEPS, ENV_STRATEGY, JobLayout, WorkerSpec
 
 PROBE_TIMEOUT = 60.0
@@ -69,6 +70,11 @@ def preflight(config: ClusterConfig, backend: Backend, job_id: str) -> list[Host
         except OrchestrateError as exc:  # its message already names the host
             return HostReport(i, labels[i], (str(exc).removeprefix(f"{labels[i]}: "),))
         problems = list(data.get("problems", []))
+        if data.get("protocol") != HOST_PROTOCOL:
+            problems.append(
+                f"its orchestrate worker package is another version (protocol "
+                f"{data.get('protocol', 1)}, here {HOST_PROTOCOL}): install the same orchestrate"
+            )
         if not data.get("tensorflow"):
             problems.append("TensorFlow is not installed for " + backend.python(i))
         return HostReport(

@@ -36,7 +36,10 @@ class LogTailer:
         self._partial = b""
 
     def poll(self) -> list[bytes]:
-        data = self.transport.read_file(self.path, self.offset)
+        return self.feed(self.transport.read_file(self.path, self.offset))
+
+    def feed(self, data: bytes | None) -> list[bytes]:
+        """Take the bytes read at self.offset (by poll, or by the caller's own read)."""
         if not data:
             return []
         self.offset += len(data)

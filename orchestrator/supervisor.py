@@ -351,8 +351,11 @@ class Supervisor:
         return None
 
     def _observe(self, group: _Group, watch: _Watch) -> list[TaskObservation]:
+        # The tick's time is taken before the reads: a slow host must not age the heartbeats
+        # of the hosts read at once beside it.
+        now_mono, now = time.monotonic(), time.time()
         by_host = _agents_by_host(group.agents)
-        check_alive = self._alive_check_due(group.agents, time.monotonic())
+        check_alive = self._alive_check_due(group.agents, now_mono)
         reads = dict(
             zip(
                 by_host,
@@ -363,7 +366,6 @@ class Supervisor:
         if check_alive:
             self._alive_cache = set().union(*(r.alive for r in reads.values()))
         alive = self._alive_cache
-        now_mono, now = time.monotonic(), time.time()
         observations: list[TaskObservation] = []
         updates: dict[int, dict[str, object]] = {}
         samples: list[Sample] = []
@@ -448,21 +450,25 @@ class Supervisor:
         )
 
     def _read_host(self, host_index: int, agents: list[AgentRef], check_alive: bool) -> _HostRead:
-        """One host's part of a tick (on a thread of its own): liveness when due, then each
-        task's new log lines and status file. Liveness comes first: an agent found gone has
-        already written its final status, so a task is never misread as lost."""
-        transport = self.backend.transport(host_index)
+        """One host's part of a tick (on a thread of its own), in one round trip: liveness when
+        due, then each task's new log bytes and status file."""
         pids = [a.pid for a in agents]
         read = _HostRead(alive=set(pids))  # unreachable is not proof of death
+        files: list[tuple[str, int]] = []
+        for agent in agents:
+            i = agent.task_index
+            files += [(str(self.layout.log_path(i)), self._tailers[i].offset),
+                      (str(self.layout.status_path(i)), 0)]  # fmt: skip
         try:
-            if check_alive:
-                read.alive = transport.alive_pids(pids)
-            for agent in agents:
-                i = agent.task_index
-                read.lines[i] = self._tailers[i].poll()
-                read.status[i] = transport.read_file(str(self.layout.status_path(i)))
+            seen = self.backend.transport(host_index).observe(pids if check_alive else None, files)
         except OrchestrateError:
-            pass  # the tasks left without a status are observed as unreachable this tick
+            return read  # no task of this host has a status: all observed as unreachable
+        if seen.alive is not None:
+            read.alive = seen.alive
+        for k, agent in enumerate(agents):
+            i = agent.task_index
+            read.lines[i] = self._tailers[i].feed(seen.files[2 * k])
+            read.status[i] = seen.files[2 * k + 1]
         return read
 
     def _alive_check_due(self, agents: list[AgentRef], now: float) -> bool:

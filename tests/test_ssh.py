@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -128,6 +129,10 @@ def test_ssh_files(ssh: SshTransport, tmp_path: Path) -> None:
     contract.check_files(ssh, str(tmp_path / "remote"), tmp_path / "local")
 
 
+def test_ssh_observe_liveness(ssh: SshTransport, bed: tb.Testbed, tmp_path: Path) -> None:
+    contract.check_observe_liveness(ssh, bed.python, str(tmp_path))
+
+
 def test_ssh_detached_and_stop(ssh: SshTransport, bed: tb.Testbed, tmp_path: Path) -> None:
     contract.check_detached_start_and_group_stop(ssh, bed.python, str(tmp_path))
 
@@ -226,6 +231,31 @@ def test_unreachable_host_and_wrong_key_fail_preflight_naming_each_host(
     assert job["state"] == "failed" and "preflight failed" in job["last_cause"]
     assert list((tmp_path / "shared").iterdir()) == []  # no job files, token dir removed
     assert all(t["agent_pid"] is None for t in job["tasks"])
+    for host in bed.hosts:
+        assert processes_in(host.namespace, "worker.agent") == []
+
+
+def test_a_host_with_another_orchestrate_version_fails_preflight_naming_it(
+    bed: tb.Testbed, tmp_path: Path, cli: Callable[..., CliResult]
+) -> None:
+    # h1's interpreter sees an older worker package first (its host protocol is 1).
+    old = tmp_path / "old-orchestrate"
+    shutil.copytree(REPO / "worker", old / "worker")
+    probe = old / "worker" / "probe.py"
+    probe.write_text(probe.read_text().replace("HOST_PROTOCOL = 2", "HOST_PROTOCOL = 1"))
+    wrapper = tmp_path / "old-python"
+    wrapper.write_text(f'#!/bin/sh\nPYTHONPATH={old} exec {bed.python} "$@"\n')
+    wrapper.chmod(0o755)
+    hosts = (
+        f'[[backend.hosts]]\naddress = "{bed.hosts[0].address}"\nname = "h0"\n\n'
+        f'[[backend.hosts]]\naddress = "{bed.hosts[1].address}"\nname = "h1"\n'
+        f'python = "{wrapper}"\n'
+    )
+    result = cli("launch", str(fake_toml(bed, tmp_path, ["--mode", "sleep"], hosts=hosts)))
+    assert result.code == 1, result
+    assert result.err.count("\n") == 1 and "Traceback" not in result.err
+    assert "preflight failed on 1 host(s): h1: its orchestrate worker package is another " \
+           "version (protocol 1, here 2)" in result.err  # fmt: skip
     for host in bed.hosts:
         assert processes_in(host.namespace, "worker.agent") == []
 

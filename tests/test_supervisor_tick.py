@@ -1,8 +1,9 @@
 """One supervisor tick over several hosts, with in-memory transports (no processes): every host
-is read at once, and one host that fails costs only its own tasks."""
+is read at once, in one call each, and one host that fails costs only its own tasks."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Sequence
@@ -19,33 +20,37 @@ from orchestrator.plan import LaunchPlan, TaskPlan
 from orchestrator.states import TaskState
 from orchestrator.store import Store
 from orchestrator.supervisor import Supervisor, _Group, _Watch, register_job
-from orchestrator.transport.base import Transport
+from orchestrator.transport.base import Observation, Transport
+from worker.spec import AgentState, TaskStatus
 
 HOSTS = 4
 DOWN = 2  # the host whose reads fail
 
 
 class MemoryHost:
-    """Answers reads from memory; its liveness call meets every other host's at a barrier, which
-    only opens if all hosts are being read at the same time."""
+    """Answers a tick's reads from memory; each call first meets every other host's at a
+    barrier, which only opens if all hosts are being read at the same time."""
 
     def __init__(self, index: int, barrier: threading.Barrier) -> None:
         self.index = index
         self.barrier = barrier
-        self.served: set[str] = set()
+        self.calls = 0
+        self.status: bytes | None = None  # the agent's status file, once it has one
+        self.hang = 0.0  # seconds the down host takes to fail
 
-    def alive_pids(self, pids: Sequence[int]) -> set[int]:
+    def observe(self, pids: Sequence[int] | None, files: Sequence[tuple[str, int]]) -> Observation:
+        self.calls += 1
         self.barrier.wait(timeout=10)  # BrokenBarrierError (a test failure) if read one by one
         if self.index == DOWN:
+            time.sleep(self.hang)
             raise TransportError(f"host-{self.index}: connection reset")
-        return set(pids)
-
-    def read_file(self, path: str, offset: int = 0) -> bytes | None:
-        if path.endswith(".log"):
-            first = path not in self.served
-            self.served.add(path)
-            return f"hello from host {self.index}\n".encode() if first and offset == 0 else b""
-        return None  # no status file yet: the task is starting
+        data: list[bytes | None] = []
+        for path, offset in files:
+            if path.endswith(".log"):
+                data.append(f"hello from host {self.index}\n".encode()[offset:])
+            else:
+                data.append(self.status)  # None: no status file yet, the task is starting
+        return Observation(None if pids is None else set(pids), tuple(data))
 
     def __getattr__(self, name: str) -> Any:
         raise AssertionError(f"a tick should not call {name}")
@@ -72,6 +77,19 @@ class MemoryBackend:
         pass
 
 
+def one_task_per_host(supervisor: Supervisor) -> _Group:
+    from orchestrator.logstream import LogTailer
+
+    plan = LaunchPlan(
+        "tick", tuple(TaskPlan(i, i, f"host-{i}", f"10.9.0.{i + 1}", 2222) for i in range(HOSTS))
+    )
+    supervisor._tailers = {
+        i: LogTailer(supervisor.backend.transport(i), str(supervisor.layout.log_path(i)))
+        for i in range(HOSTS)
+    }
+    return _Group(0, plan, [AgentRef(i, i, 1000 + i) for i in range(HOSTS)])
+
+
 @pytest.fixture
 def supervisor(tmp_path: Path, home: Path) -> Supervisor:
     hosts = "".join(f'[[backend.hosts]]\naddress = "10.9.0.{i + 1}"\n' for i in range(HOSTS))
@@ -90,16 +108,7 @@ def supervisor(tmp_path: Path, home: Path) -> Supervisor:
 def test_a_tick_reads_every_host_at_once_and_a_failing_host_costs_only_its_tasks(
     supervisor: Supervisor, tmp_path: Path
 ) -> None:
-    from orchestrator.logstream import LogTailer
-
-    plan = LaunchPlan(
-        "tick", tuple(TaskPlan(i, i, f"host-{i}", f"10.9.0.{i + 1}", 2222) for i in range(HOSTS))
-    )
-    group = _Group(0, plan, [AgentRef(i, i, 1000 + i) for i in range(HOSTS)])
-    supervisor._tailers = {
-        i: LogTailer(supervisor.backend.transport(i), str(supervisor.layout.log_path(i)))
-        for i in range(HOSTS)
-    }
+    group = one_task_per_host(supervisor)
     try:
         observations = supervisor._observe(group, _Watch(started=time.monotonic()))
     finally:
@@ -116,3 +125,28 @@ def test_a_tick_reads_every_host_at_once_and_a_failing_host_costs_only_its_tasks
         else:
             assert log.read_bytes().count(f"hello from host {i}".encode()) == 1
     assert supervisor._alive_cache == {1000 + i for i in range(HOSTS)}
+    assert [h.calls for h in supervisor.backend.hosts] == [1] * HOSTS  # type: ignore[attr-defined]
+
+
+def test_a_slow_host_does_not_age_the_heartbeats_of_the_hosts_read_beside_it(
+    supervisor: Supervisor,
+) -> None:
+    """Regression: the tick's clock was read after the reads, so a host that took seconds to
+    fail made every other task look silent for as long."""
+    group = one_task_per_host(supervisor)
+    hosts = supervisor.backend.hosts  # type: ignore[attr-defined]
+    for host in hosts:
+        status = TaskStatus(AgentState.RUNNING, seq=1, agent_pid=1000 + host.index)
+        host.status = json.dumps(status.to_dict()).encode()
+    watch = _Watch(started=time.monotonic())
+    try:
+        supervisor._observe(group, watch)  # every healthy task's heartbeat seen now
+        hosts[DOWN].hang = 2.0
+        observations = supervisor._observe(group, watch)  # no new heartbeat: the same seq
+    finally:
+        supervisor._fanout.close()
+    for o in observations:
+        assert o.heartbeat_age is not None
+        if o.index != DOWN:
+            assert o.state == TaskState.RUNNING
+            assert o.heartbeat_age < 1.0, o  # not the 2 s the down host took

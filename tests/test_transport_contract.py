@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.errors import TransportError
-from orchestrator.transport.base import Transport
+from orchestrator.transport.base import Observation, Transport
 from orchestrator.transport.local import LocalTransport
 from worker import proctl
 
@@ -62,6 +62,23 @@ def check_files(t: Transport, remote_dir: str, local_dir: Path) -> None:
     assert mode == b"600"
     assert t.get_tree(f"{remote_dir}/deep", local_dir / "tree") == 1
     assert (local_dir / "tree" / "er" / "spec.json").read_bytes() == b"secret\n"
+    # A tick's reads in one call: files from offsets (binary safe), a missing one is None.
+    t.put_file(f"{remote_dir}/bin", bytes(range(256)))
+    seen = t.observe(None, [(path, 3), (f"{remote_dir}/missing", 0), (f"{remote_dir}/bin", 250)])
+    assert seen == Observation(None, (b"ret\n", None, bytes(range(250, 256))))
+
+
+def check_observe_liveness(t: Transport, python: str, remote_dir: str) -> None:
+    """observe() checks liveness before it reads (an exited agent's final status is seen)."""
+    log = f"{remote_dir}/o.log"
+    pid = t.start_detached([python, "-c", "import time; time.sleep(60)"], log_path=log)
+    try:
+        never = 4_194_999  # above Linux's largest pid_max (2**22): no such process
+        seen = t.observe([pid, never], [(log, 0)])
+        assert seen.alive == {pid} and seen.files == (b"",)
+    finally:
+        assert t.stop_process_group(pid, 1.0)
+    assert t.observe([pid], []).alive == set()
 
 
 def check_detached_start_and_group_stop(t: Transport, python: str, remote_dir: str) -> None:
@@ -104,6 +121,10 @@ def test_local_timeout(local: LocalTransport) -> None:
 
 def test_local_files(local: LocalTransport, tmp_path: Path) -> None:
     check_files(local, str(tmp_path / "remote"), tmp_path / "local")
+
+
+def test_local_observe_liveness(local: LocalTransport, tmp_path: Path) -> None:
+    check_observe_liveness(local, PY, str(tmp_path))
 
 
 def test_local_detached_and_stop(local: LocalTransport, tmp_path: Path) -> None:

@@ -5,11 +5,12 @@ answers with JSON lines on stdout. Each request then costs one round trip, with 
 start-up and no interpreter start-up on the host (about 80 ms and 40 ms per command otherwise).
 Requests run in threads, so a slow `stop` does not hold up a `probe`. Standard library only.
 
-Operations (`handle`): probe, read_tokens, alive, stop, start, remove.
+Operations (`handle`): probe, read_tokens, alive, observe, stop, start, remove.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
@@ -45,6 +46,27 @@ def start(argv: list[str], log_path: str, env: dict[str, str] | None = None,
     return proc.pid
 
 
+READ_LIMIT = 1 << 20  # bytes of one file per observe: a burst of log is read over a few ticks
+
+
+def observe(
+    pids: list[int] | None, files: list[tuple[str, int]], limit: int = READ_LIMIT
+) -> tuple[set[int] | None, list[bytes | None]]:
+    """One supervisor tick's reads on this host: which of pids live (None: not asked), then each
+    file from its offset, at most `limit` bytes (None: no such file). Liveness comes first: an
+    agent found gone has already written its final status, which the read then sees."""
+    alive = proctl.alive(pids) if pids is not None else None
+    data: list[bytes | None] = []
+    for path, offset in files:
+        try:
+            with open(path, "rb") as fh:
+                fh.seek(offset)
+                data.append(fh.read(limit))
+        except FileNotFoundError:
+            data.append(None)
+    return alive, data
+
+
 def handle(op: str, args: dict[str, Any]) -> Any:
     if op == "probe":
         return probe.probe(args["shared_dir"], args["ports"], args.get("token_file"),
@@ -53,6 +75,13 @@ def handle(op: str, args: dict[str, Any]) -> Any:
         return probe.read_tokens(args["paths"])
     if op == "alive":
         return sorted(proctl.alive(args["pids"]))
+    if op == "observe":
+        alive, data = observe(args.get("pids"), [(p, int(o)) for p, o in args["files"]],
+                              int(args.get("limit", READ_LIMIT)))  # fmt: skip
+        return {
+            "alive": None if alive is None else sorted(alive),
+            "files": [None if d is None else base64.b64encode(d).decode("ascii") for d in data],
+        }
     if op == "stop":
         return proctl.stop_group(int(args["pgid"]), float(args["grace"]))
     if op == "remove":  # a directory tree we made (preflight tokens)

@@ -39,6 +39,11 @@ def _version(dist: str) -> str | None:
         return None
 
 
+# The host helper's request set. The coordinator refuses a host whose worker package answers
+# with another (an older orchestrate installed there): bump it when an operation changes.
+HOST_PROTOCOL = 2
+
+
 def free_ports(count: int) -> list[int]:
     """Ports the kernel says are free now; all held open together so they are distinct."""
     held = []
@@ -59,6 +64,7 @@ def probe(shared_dir: str, ports: int, token_file: str | None, token: str) -> di
         "python": "{}.{}.{}".format(*sys.version_info[:3]),
         "tensorflow": _version("tensorflow") or _version("tensorflow-cpu"),
         "tf_keras": _version("tf-keras"),
+        "protocol": HOST_PROTOCOL,
         "problems": [],
     }
     problems: list[str] = report["problems"]  # type: ignore[assignment]

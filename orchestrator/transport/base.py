@@ -26,6 +26,14 @@ class CommandResult:
         return " | ".join(text[-lines:])
 
 
+@dataclass(frozen=True)
+class Observation:
+    """One host's reads for a supervisor tick (Transport.observe)."""
+
+    alive: set[int] | None  # the pids found running; None when liveness was not asked
+    files: tuple[bytes | None, ...]  # each file's bytes from its offset; None: no such file
+
+
 class Transport(Protocol):
     """What the coordinator may do on one host. Paths are the host's own (POSIX) paths."""
 
@@ -82,6 +90,11 @@ class Transport(Protocol):
 
     def alive_pids(self, pids: Sequence[int]) -> set[int]:
         """Which of these pids are running processes (zombies are not)."""
+        ...
+
+    def observe(self, pids: Sequence[int] | None, files: Sequence[tuple[str, int]]) -> Observation:
+        """In one round trip: alive_pids(pids) (unless None), then read_file(path, offset) for
+        each file (at most worker.hostd.READ_LIMIT bytes of each)."""
         ...
 
     def stop_process_group(self, pgid: int, grace: float) -> bool:

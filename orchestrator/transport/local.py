@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import TransportError
-from orchestrator.transport.base import CommandResult
+from orchestrator.transport.base import CommandResult, Observation
 from worker import hostd, proctl
 from worker.atomic import makedirs_private, write_bytes_atomic
 
@@ -115,6 +115,10 @@ class LocalTransport:
 
     def alive_pids(self, pids: Sequence[int]) -> set[int]:
         return proctl.alive(pids)
+
+    def observe(self, pids: Sequence[int] | None, files: Sequence[tuple[str, int]]) -> Observation:
+        alive, data = hostd.observe(None if pids is None else list(pids), list(files))
+        return Observation(alive, tuple(data))
 
     def stop_process_group(self, pgid: int, grace: float) -> bool:
         return proctl.stop_group(pgid, grace)

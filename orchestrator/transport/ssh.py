@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import shlex
@@ -28,7 +29,7 @@ from fabric import Connection
 
 from orchestrator.config import SshBackend, SshHost
 from orchestrator.errors import TransportError
-from orchestrator.transport.base import CommandResult, Transport
+from orchestrator.transport.base import CommandResult, Observation, Transport
 
 _T = TypeVar("_T")
 KEEPALIVE_SECONDS = 5
@@ -345,14 +346,14 @@ class SshTransport:
         def attempt() -> _T:
             with self._sftp_lock:
                 if self._sftp is None:
-                    sftp = paramiko.SFTPClient.from_transport(self._connect())
-                    assert sftp is not None
-                    channel = sftp.get_channel()
-                    assert channel is not None
-                    # SFTP requests are small: one that takes longer than a connect means the
-                    # host is gone, and the supervisor must not stall on it.
-                    channel.settimeout(self.backend.connect_timeout)
-                    self._sftp = sftp
+                    # Not SFTPClient.from_transport: its channel open waits up to an hour on
+                    # a host that went away. SFTP requests are small: one that takes longer
+                    # than a connect means the host is gone, and nothing may stall on it.
+                    timeout = self.backend.connect_timeout
+                    channel = self._connect().open_session(timeout=timeout)
+                    channel.settimeout(timeout)
+                    channel.invoke_subsystem("sftp")
+                    self._sftp = paramiko.SFTPClient(channel)
                 return action(self._sftp)
 
         return self._retrying(what, attempt)
@@ -419,6 +420,23 @@ class SshTransport:
     def worker_call(self, op: str, args: dict[str, Any], timeout: float | None = None) -> Any:
         limit = timeout or self.backend.command_timeout
         return self._retrying(op, lambda: self._get_helper().call(op, args, limit))
+
+    def observe(self, pids: Sequence[int] | None, files: Sequence[tuple[str, int]]) -> Observation:
+        # One helper request instead of SFTP open/read/close per file: one round trip a tick.
+        args = {"pids": None if pids is None else list(pids), "files": [list(f) for f in files]}
+        try:
+            reply = self.worker_call("observe", args, self.backend.connect_timeout)
+        except TransportError:
+            # No answer to a small read: the host or the link is gone. Drop the connection so
+            # the next call reconnects (and fails fast while the host is away) rather than
+            # waiting out every later call on a dead socket.
+            self.close()
+            raise
+        alive = reply["alive"]
+        return Observation(
+            None if alive is None else set(alive),
+            tuple(None if d is None else base64.b64decode(d) for d in reply["files"]),
+        )
 
     def alive_pids(self, pids: Sequence[int]) -> set[int]:
         if not pids:
