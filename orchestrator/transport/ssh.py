@@ -74,6 +74,10 @@ class _HostKeyPolicy(paramiko.MissingHostKeyPolicy):
             keys.save(str(self.known_hosts))
 
 
+class _HelperTimeout(TransportError):
+    """The host helper gave no answer in time."""
+
+
 class _Helper:
     """The host helper (`python -m worker.hostd`) on one exec channel: JSON-line requests out,
     replies matched by id. Started once per connection."""
@@ -127,7 +131,7 @@ class _Helper:
         if not event.wait(timeout):
             with self._lock:
                 self._waiting.pop(request_id, None)
-            raise TransportError(f"{self.label}: {op} timed out after {timeout:g}s")
+            raise _HelperTimeout(f"{self.label}: {op} timed out after {timeout:g}s")
         if not slot:
             raise EOFError("worker helper channel closed")
         reply = slot[0]
@@ -336,7 +340,7 @@ class SshTransport:
         if stdin_file is not None:
             args["file"] = [stdin_file[0], stdin_file[1].decode("latin-1")]  # bytes, losslessly
         try:
-            return int(self._get_helper().call("start", args, self.backend.command_timeout))
+            return int(self._helper_call("start", args, self.backend.command_timeout))
         except _NETWORK_ERRORS as exc:
             self.close()
             raise TransportError(f"{self.host_label}: starting {argv[0]} failed: {exc}") from None
@@ -417,21 +421,24 @@ class SshTransport:
                 self._helper = _Helper(channel, self.host_label, self.backend.connect_timeout)
             return self._helper
 
+    def _helper_call(self, op: str, args: dict[str, Any], timeout: float) -> Any:
+        try:
+            return self._get_helper().call(op, args, timeout)
+        except _HelperTimeout:
+            # No answer in time: the host or the link is gone. Drop the connection so the next
+            # call reconnects (and fails fast while the host is away) rather than waiting out
+            # its own timeout on a dead socket.
+            self.close()
+            raise
+
     def worker_call(self, op: str, args: dict[str, Any], timeout: float | None = None) -> Any:
         limit = timeout or self.backend.command_timeout
-        return self._retrying(op, lambda: self._get_helper().call(op, args, limit))
+        return self._retrying(op, lambda: self._helper_call(op, args, limit))
 
     def observe(self, pids: Sequence[int] | None, files: Sequence[tuple[str, int]]) -> Observation:
         # One helper request instead of SFTP open/read/close per file: one round trip a tick.
         args = {"pids": None if pids is None else list(pids), "files": [list(f) for f in files]}
-        try:
-            reply = self.worker_call("observe", args, self.backend.connect_timeout)
-        except TransportError:
-            # No answer to a small read: the host or the link is gone. Drop the connection so
-            # the next call reconnects (and fails fast while the host is away) rather than
-            # waiting out every later call on a dead socket.
-            self.close()
-            raise
+        reply = self.worker_call("observe", args, self.backend.connect_timeout)
         alive = reply["alive"]
         return Observation(
             None if alive is None else set(alive),
