@@ -9,13 +9,13 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from orchestrator.store import JobRecord, Store
+from orchestrator.store import EventRecord, JobRecord, Sample, Store
 
 
-def build_report(store: Store, job: JobRecord, job_home: Path) -> dict[str, Any]:
-    samples = store.samples(job.id)
+def build_report(
+    store: Store, job: JobRecord, job_home: Path, samples: list[Sample], events: list[EventRecord]
+) -> dict[str, Any]:
     tasks = store.tasks(job.id)
-    events = store.events(job.id)
     per_task: dict[int, dict[str, Any]] = {}
     for task in tasks:
         mine = [s for s in samples if s.task == task.idx]
@@ -43,14 +43,15 @@ def build_report(store: Store, job: JobRecord, job_home: Path) -> dict[str, Any]
     }
 
 
-def draw_chart(store: Store, job: JobRecord, path: Path) -> list[str]:
+def draw_chart(
+    job: JobRecord, samples: list[Sample], events: list[EventRecord], path: Path
+) -> list[str]:
     """Loss and steps/s per task over time; returns the labels of the lines drawn per panel."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    samples = store.samples(job.id)
     fig, (loss_ax, rate_ax) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
     labels = []
     for task in sorted({s.task for s in samples}):
@@ -62,7 +63,7 @@ def draw_chart(store: Store, job: JobRecord, path: Path) -> list[str]:
         )
         rate_ax.plot(times, [s.steps_per_sec or float("nan") for s in mine], label=label)
         labels.append(label)
-    for event in store.events(job.id):
+    for event in events:
         if event.kind == "restart":
             for ax in (loss_ax, rate_ax):
                 ax.axvline(event.ts - job.created, color="grey", linestyle="--", linewidth=1)
@@ -83,8 +84,9 @@ def draw_chart(store: Store, job: JobRecord, path: Path) -> list[str]:
 
 
 def write_report(store: Store, job: JobRecord, job_home: Path) -> Path:
-    report = build_report(store, job, job_home)
+    samples, events = store.samples(job.id), store.events(job.id)  # read once, used twice
+    report = build_report(store, job, job_home, samples, events)
     chart = job_home / "report.png"
-    report["chart"] = {"path": str(chart), "lines": draw_chart(store, job, chart)}
+    report["chart"] = {"path": str(chart), "lines": draw_chart(job, samples, events, chart)}
     (job_home / "report.json").write_text(json.dumps(report, indent=2))
     return chart

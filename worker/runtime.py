@@ -93,8 +93,7 @@ def task_context(default_dir: str | os.PathLike[str] = "orchestrate-run") -> Tas
         job_dir=job_dir,
         task_dir=task_dir,
         progress_file=Path(progress) if progress else None,
-    )
-    report_phase(ctx, Phase.STARTING)
+    )  # STARTING was reported when this module was imported
     return ctx
 
 
