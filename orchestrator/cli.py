@@ -20,6 +20,7 @@ import typer
 from orchestrator.errors import OrchestrateError, UsageError, exit_code_for
 from orchestrator.states import JobState, TaskState
 from orchestrator.store import JobRecord, Store, TaskRecord
+from worker.spec import Phase, StepSignal, remaining_steps
 
 app = typer.Typer(
     name="orchestrate",
@@ -99,7 +100,8 @@ def _print_dry_run(cfg: Any) -> None:
         f"job {cfg.job.name}: {len(plan.tasks)} task(s), {cfg.backend.type} backend, "
         f"shared_dir {cfg.job.shared_dir}"
     )
-    _echo(f"trainer: {' '.join(trainer_argv(cfg, '<python>'))}")
+    through = " (through orchestrate's bootstrap)" if cfg.entrypoint.instrument else ""
+    _echo(f"trainer: {' '.join(trainer_argv(cfg, '<python>'))}{through}")
     for task in plan.tasks:
         _echo(
             f"worker-{task.index} on {task.host_label} ({task.endpoint})"
@@ -327,6 +329,13 @@ def _job_view(job: JobRecord, tasks: list[TaskRecord], now: float) -> dict[str, 
                 "step": t.step,
                 "loss": t.loss,
                 "steps_per_sec": t.steps_per_sec,
+                "phase": t.phase.value,
+                "step_signal": t.step_signal.value,
+                "steps_observed": t.step_signal != StepSignal.NONE,
+                "total_epochs": t.total_epochs,
+                "steps_per_epoch": t.steps_per_epoch,
+                "epoch_step": t.epoch_step,
+                "eta_seconds": _eta(t),
                 "first_step_at": t.first_step_at,
                 "heartbeat_age": None
                 if t.heartbeat_at is None
@@ -335,6 +344,27 @@ def _job_view(job: JobRecord, tasks: list[TaskRecord], now: float) -> dict[str, 
             for t in tasks
         ],
     }
+
+
+def _eta(task: TaskRecord) -> float | None:
+    """Seconds to the end of model.fit at the current pace; None where fit gave no totals."""
+    if task.state.is_terminal() or not task.steps_per_sec:
+        return None
+    left = remaining_steps(task.epoch, task.total_epochs, task.steps_per_epoch, task.epoch_step)
+    return None if left is None else round(left / task.steps_per_sec, 1)
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    minutes, secs = divmod(int(seconds + 0.5), 60)
+    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
+
+
+def _step_cell(task: dict[str, Any]) -> str:
+    if not task["steps_observed"] and Phase(task["phase"]).past_rendezvous():
+        return "not observed"
+    return str(task["step"])
 
 
 def _table(headers: list[str], rows: list[list[str]]) -> str:
@@ -378,11 +408,13 @@ def _render_status(views: list[dict[str, Any]], detailed: bool) -> None:
                 t["host"],
                 t["address"],
                 t["state"] + (f" ({t['exit_code']})" if t["exit_code"] else ""),
+                t["phase"] or "-",
                 str(t["pid"] or "-"),
-                str(t["epoch"]),
-                str(t["step"]),
+                f"{t['epoch']}/{t['total_epochs']}" if t["total_epochs"] else str(t["epoch"]),
+                _step_cell(t),
                 "-" if t["loss"] is None else f"{t['loss']:.4f}",
                 "-" if t["steps_per_sec"] is None else f"{t['steps_per_sec']:.1f}",
+                _duration(t["eta_seconds"]),
                 "-" if t["heartbeat_age"] is None else f"{t['heartbeat_age']:.1f}s ago",
             ]
             for t in v["tasks"]
@@ -392,11 +424,13 @@ def _render_status(views: list[dict[str, Any]], detailed: bool) -> None:
             "HOST",
             "ADDRESS",
             "STATE",
+            "PHASE",
             "PID",
             "EPOCH",
             "STEP",
             "LOSS",
             "STEPS/S",
+            "ETA",
             "HEARTBEAT",
         ]
         _echo()

@@ -39,6 +39,10 @@ class EntrypointSection(_Model):
     env: dict[str, str] = {}
     # Working directory of the trainer; defaults to the directory of cluster.toml.
     workdir: Path | None = None
+    # Start the script through orchestrate's bootstrap: progress, phases, the watchdog and
+    # preemption for any script, unmodified. false: the script alone (then only what it
+    # reports through worker.runtime is seen).
+    instrument: bool = True
 
     @model_validator(mode="after")
     def _exactly_one_target(self) -> EntrypointSection:

@@ -203,6 +203,7 @@ def make_specs(
             heartbeat_interval=sup.heartbeat_interval,
             stop_grace=sup.stop_grace,
             preemption_exit_code=config.restart.preemption_exit_code,
+            instrument=config.entrypoint.instrument,
         )
         for task in plan.tasks
     ]

@@ -13,7 +13,7 @@ from enum import StrEnum
 
 from orchestrator.config import RestartSection
 from orchestrator.states import TaskState
-from worker.spec import AgentState, Phase, TaskStatus
+from worker.spec import AgentState, Phase, StepSignal, TaskStatus
 
 
 class Verdict(StrEnum):
@@ -42,6 +42,18 @@ class TaskObservation:
     phase: Phase = Phase.NONE
     reached_first_step: bool = False
     is_chief: bool = False
+    step_signal: StepSignal = StepSignal.NONE
+    # The trainer runs under the bootstrap, so its phases are reported whatever the script.
+    instrumented: bool = True
+
+
+def startup_met_without_steps(task: TaskObservation) -> bool:
+    """Supervision judges only what it can see: a task whose steps are not observed meets the
+    startup deadline at the rendezvous; an uninstrumented trainer that reports nothing at all
+    meets it by running."""
+    if task.step_signal == StepSignal.NONE and task.phase.past_rendezvous():
+        return True
+    return not task.instrumented and task.phase == Phase.NONE and task.state == TaskState.RUNNING
 
 
 @dataclass(frozen=True)
@@ -114,39 +126,67 @@ def decide(
         cause = f"no heartbeat for {heartbeat_timeout:g}s from {_names(silent)}"
         return failure(FailureKind.SILENT, cause, tuple(silent))
     if progress_timeout > 0:
-        hung = [
-            t.index
-            for t in tasks
-            if t.phase == Phase.TRAINING
-            and t.reached_first_step
-            and t.progress_age is not None
-            and t.progress_age > progress_timeout
-        ]
-        if hung:
-            cause = f"no training progress for {progress_timeout:g}s from {_names(hung)}"
-            return failure(FailureKind.HUNG, cause, tuple(hung))
+        hung = watchdog(tasks, progress_timeout)
+        if hung is not None:
+            return hung
     if elapsed > startup_deadline:
-        late = [t for t in tasks if not t.reached_first_step and not t.state.is_terminal()]
-        if late:
-            never = [t.index for t in late if t.phase == Phase.NONE]
-            starting = [t.index for t in late if t.phase == Phase.STARTING]
-            joining = [t.index for t in late if t.phase == Phase.JOINING]
-            named = {*never, *starting, *joining}
-            other = [t.index for t in late if t.index not in named]
-            parts = [
-                f"{label}: {_names(group)}"
-                for label, group in (
-                    ("never reported", never),
-                    ("starting", starting),
-                    ("waiting for peers", joining),
-                    ("no first step", other),
-                )
-                if group
-            ]
-            cause = f"startup deadline of {startup_deadline:g}s passed; " + "; ".join(parts)
-            culprits = tuple(never or starting or joining or other)
-            return failure(FailureKind.STARTUP, cause, culprits)
+        return startup_deadline_missed(tasks, startup_deadline)
     return CONTINUE
+
+
+def watchdog(tasks: Sequence[TaskObservation], progress_timeout: float) -> Decision | None:
+    """Tasks past their first step whose step signal stopped advancing: hung (a collective
+    blocked on a peer, a stuck input pipeline). The cause names the signal that went still."""
+    hung = [
+        t
+        for t in tasks
+        if t.phase == Phase.TRAINING
+        and t.reached_first_step
+        and t.progress_age is not None
+        and t.progress_age > progress_timeout
+    ]
+    if not hung:
+        return None
+    by_signal: dict[StepSignal, list[int]] = {}
+    for t in hung:
+        by_signal.setdefault(t.step_signal, []).append(t.index)
+    named = "; ".join(
+        f"{_names(group)} ({signal.describe()})" for signal, group in by_signal.items()
+    )
+    cause = f"no training progress for {progress_timeout:g}s from {named}"
+    return failure(FailureKind.HUNG, cause, tuple(t.index for t in hung))
+
+
+_STARTUP_GROUPS = (
+    ("never reported", (Phase.NONE,)),
+    ("starting", (Phase.STARTING,)),
+    ("before the rendezvous", (Phase.IMPORTED,)),
+    ("waiting for peers", (Phase.JOINING,)),
+)
+
+
+def startup_deadline_missed(tasks: Sequence[TaskObservation], startup_deadline: float) -> Decision:
+    """The deadline has passed: every task must have taken its first step (or, where steps are
+    not observed, be past the rendezvous). The late ones are named by how far they got, the
+    least advanced first: they are the likely culprits."""
+    late = [
+        t
+        for t in tasks
+        if not t.reached_first_step
+        and not t.state.is_terminal()
+        and not startup_met_without_steps(t)
+    ]
+    if not late:
+        return CONTINUE
+    groups: list[tuple[str, list[int]]] = []
+    for label, phases in _STARTUP_GROUPS:
+        groups.append((label, [t.index for t in late if t.phase in phases]))
+    grouped = {i for _, group in groups for i in group}
+    groups.append(("no first step", [t.index for t in late if t.index not in grouped]))
+    parts = [f"{label}: {_names(group)}" for label, group in groups if group]
+    cause = f"startup deadline of {startup_deadline:g}s passed; " + "; ".join(parts)
+    culprits = next(group for _, group in groups if group)
+    return failure(FailureKind.STARTUP, cause, tuple(culprits))
 
 
 @dataclass(frozen=True)

@@ -17,9 +17,10 @@ from typing import Any
 
 from orchestrator.errors import JobNotFoundError, UsageError
 from orchestrator.states import JobState, TaskState
+from worker.spec import Phase, StepSignal
 
 ENV_HOME = "ORCHESTRATE_HOME"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -59,6 +60,11 @@ CREATE TABLE IF NOT EXISTS tasks (
     steps_per_sec REAL,
     heartbeat_at REAL,
     first_step_at REAL,
+    phase TEXT NOT NULL DEFAULT '',
+    step_signal TEXT NOT NULL DEFAULT '',
+    total_epochs INTEGER NOT NULL DEFAULT 0,
+    steps_per_epoch INTEGER NOT NULL DEFAULT 0,
+    epoch_step INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (job_id, idx)
 );
 CREATE TABLE IF NOT EXISTS events (
@@ -82,6 +88,17 @@ CREATE TABLE IF NOT EXISTS samples (
 );
 CREATE INDEX IF NOT EXISTS samples_by_job ON samples(job_id, task, ts);
 """
+
+# From an older schema to this one: a store keeps its jobs across upgrades.
+_MIGRATIONS = {
+    1: [
+        "ALTER TABLE tasks ADD COLUMN phase TEXT NOT NULL DEFAULT ''",
+        "ALTER TABLE tasks ADD COLUMN step_signal TEXT NOT NULL DEFAULT ''",
+        "ALTER TABLE tasks ADD COLUMN total_epochs INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE tasks ADD COLUMN steps_per_epoch INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE tasks ADD COLUMN epoch_step INTEGER NOT NULL DEFAULT 0",
+    ]
+}
 
 
 def orchestrate_home() -> Path:
@@ -133,6 +150,11 @@ class TaskRecord:
     steps_per_sec: float | None = None
     heartbeat_at: float | None = None
     first_step_at: float | None = None
+    phase: Phase = Phase.NONE  # how far the trainer got
+    step_signal: StepSignal = StepSignal.NONE  # where its steps come from (NONE: unobserved)
+    total_epochs: int = 0  # model.fit's epochs; 0: unknown
+    steps_per_epoch: int = 0  # 0: unknown
+    epoch_step: int = 0  # batches done in the current epoch
 
 
 @dataclass(frozen=True)
@@ -171,6 +193,8 @@ def _job(row: sqlite3.Row) -> JobRecord:
 def _task(row: sqlite3.Row) -> TaskRecord:
     data = dict(row)
     data["state"] = TaskState(data["state"])
+    data["phase"] = Phase(data["phase"])
+    data["step_signal"] = StepSignal(data["step_signal"])
     return TaskRecord(**data)
 
 
@@ -184,6 +208,12 @@ class Store:
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute("PRAGMA foreign_keys=ON")
         version = self._db.execute("PRAGMA user_version").fetchone()[0]
+        if version in _MIGRATIONS and self._has_schema():
+            with self._transaction() as db:
+                for statement in _MIGRATIONS[version]:
+                    db.execute(statement)
+                db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            version = SCHEMA_VERSION
         if version != SCHEMA_VERSION:
             if self._has_schema():
                 raise UsageError(

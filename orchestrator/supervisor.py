@@ -51,12 +51,18 @@ from orchestrator.monitor import (
 from orchestrator.plan import LaunchPlan, TaskPlan, task_slots
 from orchestrator.states import JobState, TaskState
 from orchestrator.store import JobRecord, Sample, Store, TaskRecord, orchestrate_home
-from worker.spec import Phase, TaskStatus
+from worker.spec import Phase, StepSignal, TaskStatus
 
 # A group that failed is broken (MWMS collectives cannot complete): no checkpoint can be taken,
 # and a trainer blocked in a collective ignores SIGTERM anyway. So its tasks get only a moment
 # between SIGTERM and SIGKILL, and the restart starts sooner.
 BROKEN_GROUP_GRACE = 0.2
+
+UNINSTRUMENTED_NOTICE = (
+    "entrypoint.instrument = false: progress, the watchdog and the first-step deadline see only "
+    "the phases and steps the script reports through worker.runtime (none for a plain script, "
+    "which then meets the startup deadline by running)"
+)
 
 
 def new_job_id(name: str) -> str:
@@ -111,6 +117,9 @@ class _Watch:
     step_changed: dict[int, float] = field(default_factory=dict)
     first_step: set[int] = field(default_factory=set)
     last: dict[int, dict[str, object]] = field(default_factory=dict)
+    # The startup deadline is checked once, when it passes: a group that met it then (a task
+    # whose steps are not observed meets it at the rendezvous) is not judged by it again.
+    startup_passed: bool = False
 
 
 @dataclass
@@ -286,6 +295,9 @@ class Supervisor:
         reports = preflight(config, self.backend, job_id)
         if attempt == 0:
             run_setup(config, self.backend)
+            if not config.entrypoint.instrument:
+                self.store.add_event(job_id, "notice", UNINSTRUMENTED_NOTICE)
+                self.sink.info(UNINSTRUMENTED_NOTICE)
         plan = plan_launch(config, reports)  # ports probed afresh: TF_CONFIG rebuilt
         specs = make_specs(config, plan, job_id, attempt, self.backend)
         self.store.replace_tasks(job_id, self._task_records(plan, attempt))
@@ -338,15 +350,17 @@ class Supervisor:
         self._watch_state = watch
         while not self.stop_requested.is_set():
             observations = self._observe(group, watch)
+            elapsed = time.monotonic() - watch.started
             decision = decide(
                 observations,
-                elapsed=time.monotonic() - watch.started,
-                startup_deadline=sup.startup_deadline,
+                elapsed=elapsed,
+                startup_deadline=float("inf") if watch.startup_passed else sup.startup_deadline,
                 heartbeat_timeout=sup.heartbeat_timeout,
                 progress_timeout=sup.progress_timeout,
             )
             if decision.verdict != Verdict.CONTINUE:
                 return decision
+            watch.startup_passed = elapsed > sup.startup_deadline
             self.stop_requested.wait(sup.poll_interval)
         return None
 
@@ -403,6 +417,11 @@ class Supervisor:
                     step=progress.step,
                     loss=progress.loss,
                     steps_per_sec=progress.steps_per_sec,
+                    phase=progress.phase.value,
+                    step_signal=progress.step_signal.value,
+                    total_epochs=progress.epochs,
+                    steps_per_epoch=progress.steps_per_epoch,
+                    epoch_step=progress.epoch_step,
                     seq=status.seq,
                 )
             if row != watch.last.get(i):
@@ -432,6 +451,8 @@ class Supervisor:
                     phase=progress.phase if progress is not None else Phase.NONE,
                     reached_first_step=i in watch.first_step,
                     is_chief=task.is_chief,
+                    step_signal=progress.step_signal if progress else StepSignal.NONE,
+                    instrumented=self.config.entrypoint.instrument,
                 )
             )
         self.store.update_tasks(self.job.id, updates)

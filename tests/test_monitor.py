@@ -111,7 +111,7 @@ def test_watchdog_fires_only_while_training_after_the_first_step() -> None:
     )
     d = decide([ok, hung], **kw)
     assert d.verdict == Verdict.FAILED and d.kind == FailureKind.HUNG and d.tasks == (1,)
-    assert d.cause == "no training progress for 8s from worker-1"
+    assert d.cause == "no training progress for 8s from worker-1 (steps not observed)"
     saving = obs(
         1,
         TaskState.RUNNING,
@@ -188,3 +188,53 @@ def test_a_relaunched_group_is_not_judged_by_the_old_groups_liveness() -> None:
     assert supervisor._alive_check_due(new, 10.6)  # new pids: checked at once
     assert not supervisor._alive_check_due(new, 11.5)
     assert supervisor._alive_check_due(new, 11.7)  # the interval has passed
+
+
+def test_watchdog_names_the_signal_that_went_still() -> None:
+    from worker.spec import Phase, StepSignal
+
+    def training(i: int, signal: StepSignal, age: float) -> TaskObservation:
+        return obs(i, TaskState.RUNNING, heartbeat_age=0.5, progress_age=age,
+                   phase=Phase.TRAINING, reached_first_step=True, step_signal=signal)  # fmt: skip
+
+    d = decide(
+        [
+            training(0, StepSignal.KERAS, 30),
+            training(1, StepSignal.OPTIMIZER, 30),
+            training(2, StepSignal.KERAS, 30),
+            training(3, StepSignal.KERAS, 1),
+        ],
+        **{**KW, "progress_timeout": 20.0},
+    )
+    assert d.kind == FailureKind.HUNG and d.tasks == (0, 1, 2)
+    assert d.cause == (
+        "no training progress for 20s from worker-0, worker-2 (Keras fit steps); "
+        "worker-1 (optimizer iterations)"
+    )
+
+
+def test_startup_deadline_judges_only_what_it_can_see() -> None:
+    from worker.spec import Phase, StepSignal
+
+    late = {**KW, "elapsed": 61}
+    # Past the rendezvous with no step signal (a custom loop without a Keras optimizer): the
+    # rendezvous is the bar, and it was met.
+    unobserved = obs(0, TaskState.RUNNING, heartbeat_age=1, phase=Phase.JOINED)
+    assert decide([unobserved], **late).verdict == Verdict.CONTINUE
+    # With a step signal, the first step is the bar.
+    observed = obs(0, TaskState.RUNNING, heartbeat_age=1, phase=Phase.JOINED,
+                   step_signal=StepSignal.OPTIMIZER)  # fmt: skip
+    d = decide([observed], **late)
+    assert d.kind == FailureKind.STARTUP and d.cause.endswith("no first step: worker-0")
+    # TensorFlow imported, the strategy not created yet: named before the ones waiting for it.
+    waiting = obs(0, TaskState.RUNNING, heartbeat_age=1, phase=Phase.JOINING)
+    loading = obs(1, TaskState.RUNNING, heartbeat_age=1, phase=Phase.IMPORTED)
+    d = decide([waiting, loading], **late)
+    assert d.tasks == (1,)
+    assert d.cause.endswith("before the rendezvous: worker-1; waiting for peers: worker-0")
+    # Uninstrumented, a plain script reports nothing: running is all that can be judged...
+    plain = obs(0, TaskState.RUNNING, heartbeat_age=1, instrumented=False)
+    assert decide([plain], **late).verdict == Verdict.CONTINUE
+    # ...but under the bootstrap, a trainer that never reported is named.
+    silent = obs(0, TaskState.RUNNING, heartbeat_age=1)
+    assert decide([silent], **late).cause.endswith("never reported: worker-0")

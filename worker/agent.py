@@ -25,6 +25,7 @@ from worker.spec import (
     ENV_ATTEMPT,
     ENV_JOB_DIR,
     ENV_JOB_ID,
+    ENV_PREEMPTION_EXIT_CODE,
     ENV_PROGRESS_FILE,
     ENV_TASK_DIR,
     AgentState,
@@ -35,6 +36,7 @@ from worker.spec import (
 )
 
 _PR_SET_PDEATHSIG = 1
+BOOTSTRAP = str(Path(__file__).resolve().with_name("bootstrap.py"))
 
 
 def _die_with_parent() -> None:
@@ -89,10 +91,20 @@ def trainer_env(spec: WorkerSpec) -> dict[str, str]:
             ENV_TASK_DIR: str(layout.task_dir(spec.task_index)),
             ENV_PROGRESS_FILE: str(layout.progress_path(spec.task_index)),
             ENV_ATTEMPT: str(spec.attempt),
+            ENV_PREEMPTION_EXIT_CODE: str(spec.preemption_exit_code),
         }
     )
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
     return env
+
+
+def trainer_argv(spec: WorkerSpec) -> list[str]:
+    """[python, -m MODULE | SCRIPT, ARG...], started through the bootstrap when instrumented:
+    the script sees the same argv, __main__ and sys.path either way."""
+    if not spec.instrument:
+        return list(spec.argv)
+    python, *target = spec.argv
+    return [python, BOOTSTRAP, *target]
 
 
 class Agent:
@@ -123,7 +135,7 @@ class Agent:
             )
             try:
                 self._trainer = subprocess.Popen(
-                    spec.argv,
+                    trainer_argv(spec),
                     cwd=spec.workdir,
                     env=trainer_env(spec),
                     stdin=subprocess.DEVNULL,

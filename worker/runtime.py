@@ -17,9 +17,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
-import sys
-import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -30,6 +27,8 @@ from typing import Any
 # must be set before TensorFlow is imported.
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
+from worker import callbacks as _callbacks
+from worker import progress as _progress
 from worker.spec import (
     ENV_JOB_DIR,
     ENV_PROFILE_STEPS,
@@ -37,15 +36,15 @@ from worker.spec import (
     ENV_STRATEGY,
     ENV_TASK_DIR,
     Phase,
-    Progress,
     write_json_atomic,
 )
 
 # Report STARTING before importing TensorFlow, which takes seconds here and can take a minute
 # on a cold NFS: the startup deadline then tells a task that is still loading from one that
-# never ran (it names them "starting" and "never reported").
-if os.environ.get(ENV_PROGRESS_FILE):
-    write_json_atomic(Path(os.environ[ENV_PROGRESS_FILE]), Progress(phase=Phase.STARTING).to_dict())
+# never ran (it names them "starting" and "never reported"). Under the bootstrap this was
+# reported when the interpreter came up, and later phases may already be known.
+if _progress.shared().current.phase == Phase.NONE:
+    _progress.shared().phase(Phase.STARTING)
 
 import numpy as np
 import tensorflow as tf
@@ -99,8 +98,7 @@ def task_context(default_dir: str | os.PathLike[str] = "orchestrate-run") -> Tas
 
 def report_phase(ctx: TaskContext, phase: Phase) -> None:
     """Tell the agent how far this task got (outside model.fit, where the callback reports)."""
-    if ctx.progress_file is not None:
-        write_json_atomic(ctx.progress_file, Progress(phase=phase).to_dict())
+    _progress.shared().phase(phase)
 
 
 def make_strategy(
@@ -247,73 +245,8 @@ def tfrecord_dataset_fn(
     return dataset_fn
 
 
-class ProgressReporter(tf.keras.callbacks.Callback):
-    """Reports epoch/step/loss/steps-per-second to the agent through a small JSON file."""
-
-    def __init__(self, path: Path, min_interval: float = 0.5) -> None:
-        super().__init__()
-        # Take the logs as tensors: reading a value every step would force a device sync every
-        # step; the loss is read only when written (at most every min_interval seconds).
-        self._supports_tf_logs = True
-        self.path = path
-        self.min_interval = min_interval
-        self._epoch = 0
-        self._initial_epoch: int | None = None
-        self._step = 0
-        self._loss: Any = None  # a tensor (or float) until written
-        self._metrics: dict[str, float] = {}
-        self._last_write = 0.0
-        self._window_start = time.monotonic()
-        self._window_steps = 0
-        self._steps_per_sec: float | None = None
-        self._phase = Phase.TRAINING
-
-    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
-        self._phase = Phase.TRAINING
-        self._write(force=True)
-
-    def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
-        self._phase = Phase.FINISHED  # evaluation and saving follow: no steps, not hung
-        self._write(force=True)
-
-    def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
-        if self._initial_epoch is None:
-            self._initial_epoch = epoch
-        self._epoch = epoch + 1
-        self._write(force=True)
-
-    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
-        self._step += 1
-        self._window_steps += 1
-        if logs and "loss" in logs:
-            self._loss = logs["loss"]
-        self._write(force=self._step == 1)
-
-    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
-        if logs:
-            self._metrics = {k: float(v) for k, v in logs.items()}
-            self._loss = self._metrics.get("loss", self._loss)
-        self._write(force=True)
-
-    def _write(self, force: bool) -> None:
-        now = time.monotonic()
-        if not force and now - self._last_write < self.min_interval:
-            return
-        elapsed = now - self._window_start
-        if elapsed >= 1.0 and self._window_steps:
-            self._steps_per_sec = self._window_steps / elapsed
-            self._window_start, self._window_steps = now, 0
-        progress = Progress(
-            phase=self._phase,
-            epoch=self._epoch,
-            step=self._step,
-            loss=None if self._loss is None else float(self._loss),
-            steps_per_sec=self._steps_per_sec,
-            initial_epoch=self._initial_epoch or 0,
-            metrics=self._metrics,
-        )
-        write_json_atomic(self.path, progress.to_dict())
-        self._last_write = now
+# Reports epoch/step/loss/steps-per-second to the agent (through worker.progress's writer).
+ProgressReporter = _callbacks.progress_callback_class(tf.keras.callbacks.Callback)
 
 
 def _tensorboard_installed() -> bool:
@@ -383,39 +316,9 @@ def tensorboard_callback(ctx: TaskContext) -> TaskTensorBoard:
     )
 
 
-PREEMPTION_EXIT_CODE = 42  # what orchestrate's restart.preemption_exit_code expects
-
-
-class PreemptionCheckpoint(tf.keras.callbacks.Callback):
-    """SIGTERM (a preempting scheduler, or `orchestrate stop`) ends training at the next epoch
-    boundary, after that epoch's BackupAndRestore checkpoint, on every worker at once, with exit
-    code 42: orchestrate restarts the group without counting it against max_restarts.
-
-    The workers agree with one all-reduce per epoch (the signal may reach only one of them).
-    TensorFlow's own PreemptionCheckpointHandler is enabled by tf-keras on GCP only, hence this.
-    """
-
-    def __init__(self, strategy: tf.distribute.Strategy, exit_code: int = PREEMPTION_EXIT_CODE):
-        super().__init__()
-        self.exit_code = exit_code
-        self._signalled = threading.Event()
-        signal.signal(signal.SIGTERM, lambda signum, frame: self._signalled.set())
-
-        @tf.function
-        def count_signalled(flag: tf.Tensor) -> tf.Tensor:
-            per_replica = strategy.run(lambda: tf.identity(flag))
-            return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
-
-        self._count_signalled = count_signalled
-
-    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
-        flag = tf.constant(1.0 if self._signalled.is_set() else 0.0)
-        if float(self._count_signalled(flag)) > 0:
-            print(f"preempted: checkpointed epoch {epoch + 1}, exiting with "
-                  f"{self.exit_code} for a restart", flush=True)  # fmt: skip
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(self.exit_code)  # not SystemExit: TensorFlow's threads would hold exit
+# SIGTERM: checkpoint at the next epoch boundary on every worker, exit with the preemption
+# exit code (cluster.toml's restart.preemption_exit_code, passed by the agent).
+PreemptionCheckpoint = _callbacks.preemption_callback_class(tf.keras.callbacks.Callback, tf)
 
 
 def callbacks(
@@ -432,7 +335,7 @@ def callbacks(
         tf.keras.callbacks.BackupAndRestore(backup_dir=str(ctx.backup_dir))
     ]
     if ctx.progress_file is not None:
-        result.append(ProgressReporter(ctx.progress_file))
+        result.append(ProgressReporter(_progress.shared()))
     if _tensorboard_installed():
         result.append(tensorboard_callback(ctx))
     if strategy is not None:

@@ -13,7 +13,7 @@ from worker.atomic import write_bytes_atomic, write_json_atomic
 
 __all__ = ["write_bytes_atomic", "write_json_atomic"]  # re-exported: part of the contract
 
-SPEC_VERSION = 1
+SPEC_VERSION = 2
 _D = TypeVar("_D")
 
 # Environment a trainer sees, besides TF_CONFIG and the user's env.
@@ -24,6 +24,7 @@ ENV_JOB_ID = "ORCHESTRATE_JOB_ID"
 ENV_ATTEMPT = "ORCHESTRATE_ATTEMPT"
 ENV_STRATEGY = "ORCHESTRATE_STRATEGY"  # cluster.toml's [strategy] as JSON
 ENV_PROFILE_STEPS = "ORCHESTRATE_PROFILE_STEPS"  # "first,last" training steps to profile
+ENV_PREEMPTION_EXIT_CODE = "ORCHESTRATE_PREEMPTION_EXIT_CODE"  # restart.preemption_exit_code
 
 
 class JobLayout:
@@ -95,6 +96,8 @@ class WorkerSpec:
     heartbeat_interval: float = 1.0
     stop_grace: float = 10.0
     preemption_exit_code: int = 42
+    # Start the entrypoint through worker.bootstrap (progress, phases, preemption for any script).
+    instrument: bool = True
     version: int = SPEC_VERSION
 
     @property
@@ -127,14 +130,33 @@ class AgentState(StrEnum):
 
 
 class Phase(StrEnum):
-    """How far a trainer got, as the runtime reports it."""
+    """How far a trainer got, as the bootstrap (or worker.runtime) reports it."""
 
-    NONE = ""  # nothing reported (not started, or not using worker.runtime)
-    STARTING = "starting"  # the runtime read TF_CONFIG
+    NONE = ""  # nothing reported (not started, or not instrumented)
+    STARTING = "starting"  # the interpreter is up; TensorFlow not imported yet
+    IMPORTED = "imported"  # TensorFlow is imported; no multi-worker strategy yet
     JOINING = "joining"  # creating the strategy: waiting for every peer to connect
     JOINED = "joined"  # the strategy exists: every peer connected
-    TRAINING = "training"  # inside model.fit
+    TRAINING = "training"  # steps are being taken (model.fit, or an optimizer's iterations)
     FINISHED = "finished"  # model.fit returned (evaluation, saving)
+
+    def past_rendezvous(self) -> bool:
+        return self in (Phase.JOINED, Phase.TRAINING, Phase.FINISHED)
+
+
+class StepSignal(StrEnum):
+    """Where a task's step count comes from: what the watchdog and first-step deadline see."""
+
+    NONE = ""  # steps are not observed (no Keras fit, no optimizer found)
+    KERAS = "keras"  # a Keras fit callback: every batch, with loss, epochs and totals
+    OPTIMIZER = "optimizer"  # an optimizer's iterations, read off the training thread
+
+    def describe(self) -> str:
+        return {
+            StepSignal.NONE: "steps not observed",
+            StepSignal.KERAS: "Keras fit steps",
+            StepSignal.OPTIMIZER: "optimizer iterations",
+        }[self]
 
 
 @dataclass(frozen=True)
@@ -148,6 +170,10 @@ class Progress:
     steps_per_sec: float | None = None
     initial_epoch: int = 0  # first epoch of this attempt (> 0 after a resume)
     metrics: dict[str, float] = field(default_factory=dict)
+    step_signal: StepSignal = StepSignal.NONE
+    epochs: int = 0  # total epochs of model.fit; 0: unknown
+    steps_per_epoch: int = 0  # 0: unknown
+    epoch_step: int = 0  # batches done in the current epoch
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -157,7 +183,15 @@ class Progress:
         known = {f.name for f in fields(cls)}
         values = {k: v for k, v in data.items() if k in known}  # newer runtimes may add keys
         values["phase"] = Phase(values.get("phase", ""))
+        values["step_signal"] = StepSignal(values.get("step_signal", ""))
         return cls(**values)
+
+
+def remaining_steps(epoch: int, epochs: int, steps_per_epoch: int, epoch_step: int) -> int | None:
+    """Steps left in a model.fit that told its totals (epoch is 1-based); None: unknown."""
+    if not epochs or not steps_per_epoch or not epoch:
+        return None
+    return max((epochs - epoch) * steps_per_epoch + steps_per_epoch - epoch_step, 0)
 
 
 @dataclass(frozen=True)

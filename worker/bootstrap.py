@@ -1,0 +1,152 @@
+"""Run a training entrypoint, unmodified, with orchestrate's instrumentation inside it:
+
+    python .../worker/bootstrap.py SCRIPT [ARG...]
+    python .../worker/bootstrap.py -m MODULE [ARG...]
+
+The agent starts every trainer this way (unless `[entrypoint] instrument = false`). The script
+sees what `python SCRIPT ARG...` (or `python -m MODULE ARG...`) would show it: `sys.argv`,
+`__main__` and its `__file__`, `sys.path[0]`, stdin, signal handlers, the exit code, and
+exceptions with their tracebacks (our frames taken out). Only `sys.orig_argv` tells.
+
+Started by path, not with -m, so it works from any working directory; it then imports only the
+standard library and its own package before the script runs, and reports STARTING at once (the
+interpreter is up; TensorFlow may take seconds to import).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+if __name__ == "__main__" and not __package__:
+    # Run by path: sys.path[0] is this package's directory; import the package from its parent.
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+import atexit
+import builtins
+import importlib.machinery
+import runpy
+import signal
+import types
+from types import TracebackType
+
+from worker import progress
+from worker.instrument import Instrumentation
+from worker.spec import Phase
+
+_OUR_FILES = frozenset(
+    os.path.normcase(os.path.abspath(f))
+    for f in (__file__, sys.modules["worker.instrument"].__file__ or "")
+)
+
+
+def _parse(argv: list[str]) -> tuple[str | None, str | None, list[str]]:
+    """(module, script, args) from this bootstrap's own arguments."""
+    if argv[:1] == ["-m"] and len(argv) >= 2:
+        return argv[1], None, argv[2:]
+    if argv and not argv[0].startswith("-"):
+        return None, argv[0], argv[1:]
+    raise SystemExit("usage: bootstrap.py (SCRIPT | -m MODULE) [ARG...]")
+
+
+def _script_dir(script: str) -> str:
+    # As the interpreter does: the directory of the script, its own symlink followed.
+    return os.path.dirname(os.path.realpath(script))
+
+
+def _fresh_main() -> types.ModuleType:
+    main = types.ModuleType("__main__")
+    main.__builtins__ = builtins  # type: ignore[attr-defined]
+    sys.modules["__main__"] = main
+    return main
+
+
+def _our_frame(tb: TracebackType) -> bool:
+    name = tb.tb_frame.f_code.co_filename
+    return os.path.normcase(os.path.abspath(name)) in _OUR_FILES
+
+
+def _without_our_frames(tb: TracebackType | None) -> TracebackType | None:
+    frames = []
+    while tb is not None:
+        if not _our_frame(tb):
+            frames.append(tb)
+        tb = tb.tb_next
+    rebuilt = None
+    for frame in reversed(frames):
+        rebuilt = TracebackType(rebuilt, frame.tb_frame, frame.tb_lasti, frame.tb_lineno)
+    return rebuilt
+
+
+def _run_script(path: str, args: list[str]) -> None:
+    main = _fresh_main()
+    # As the interpreter does: joined to the working directory, not normalised ('..' stays).
+    absolute = path if os.path.isabs(path) else os.path.join(os.getcwd(), path)
+    if os.path.isdir(path) or not os.path.isfile(path):  # a directory or zip with __main__.py
+        sys.argv = [path, *args]
+        runpy.run_path(path, run_name="__main__")
+        return
+    main.__file__ = absolute
+    main.__cached__ = None  # type: ignore[attr-defined]
+    main.__loader__ = importlib.machinery.SourceFileLoader("__main__", absolute)
+    main.__spec__ = None
+    main.__package__ = None
+    sys.argv = [path, *args]
+    with open(absolute, "rb") as source:  # compile() honours a coding cookie in the bytes
+        code = compile(source.read(), absolute, "exec", dont_inherit=True)
+    exec(code, main.__dict__)
+
+
+def _run_module(name: str, args: list[str]) -> None:
+    _fresh_main()
+    sys.argv = ["-m", *args]
+    # What `python -m` itself calls: it finds the module, sets sys.argv[0] to its file and
+    # runs it in __main__'s namespace (its two frames show in tracebacks there too).
+    runpy._run_module_as_main(name, alter_argv=True)  # type: ignore[attr-defined]
+
+
+def _forget_our_package_if_shadowed() -> None:
+    """A script whose own directory holds a `worker` module must import that one, as it would
+    without us: forget ours (the hooks keep what they need)."""
+    ours = sys.modules["worker"].__file__
+    found = importlib.machinery.PathFinder.find_spec("worker", sys.path)
+    if found is not None and found.origin != ours:
+        for name in [n for n in sys.modules if n == "worker" or n.startswith("worker.")]:
+            del sys.modules[name]
+
+
+def _die_as_the_interpreter_would(exc: BaseException) -> None:
+    # The default hook prints the exception's own __traceback__, whatever it is passed.
+    trimmed = _without_our_frames(exc.__traceback__)
+    sys.excepthook(type(exc), exc.with_traceback(trimmed), trimmed)
+    if isinstance(exc, KeyboardInterrupt):  # exit by SIGINT, as CPython does
+        atexit._run_exitfuncs()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    sys.exit(1)
+
+
+def main() -> None:
+    module, script, args = _parse(sys.argv[1:])
+    writer = progress.shared()
+    writer.phase(Phase.STARTING)
+    instrumentation = Instrumentation(writer)
+    instrumentation.finder().install()
+    atexit.register(instrumentation.stop)
+    sys.path[0] = os.getcwd() if module is not None else _script_dir(script or "")
+    _forget_our_package_if_shadowed()
+    try:
+        if module is not None:
+            _run_module(module, args)
+        else:
+            _run_script(script or "", args)
+    except SystemExit:
+        raise
+    except BaseException as exc:
+        _die_as_the_interpreter_would(exc)
+
+
+if __name__ == "__main__":
+    main()

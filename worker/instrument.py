@@ -1,0 +1,270 @@
+"""What the bootstrap adds to an unmodified training script, from the inside, without importing
+anything before the script does.
+
+Post-import hooks (a finder on sys.meta_path that runs a function right after a module has
+loaded) wait for the script's own imports:
+
+- `tensorflow` loaded: phase IMPORTED; MultiWorkerMirroredStrategy's constructor reports
+  JOINING before the rendezvous and JOINED after it;
+- `tf_keras` or `keras` loaded: `Model.fit` gains the progress callback (and, when the script's
+  own BackupAndRestore is among its callbacks, the preemption callback); every optimizer made
+  is remembered, and a thread reads its `iterations` every half second: the step signal of a
+  custom training loop, read off the training thread (no device sync on the training step).
+
+Each hook is wrapped so that a failure in it is reported once and never breaks the script.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import inspect
+import sys
+import threading
+import time
+import weakref
+from collections.abc import Callable, Sequence
+from types import ModuleType
+from typing import Any
+
+from worker.callbacks import (
+    PREEMPTION_MARK,
+    PROGRESS_MARK,
+    preemption_callback_class,
+    progress_callback_class,
+)
+from worker.progress import ProgressWriter
+from worker.spec import Phase, StepSignal
+
+OPTIMIZER_POLL_SECONDS = 0.5
+_MARK = "_orchestrate_wrapped"
+
+
+def _warn(what: str, exc: BaseException) -> None:
+    print(f"orchestrate: {what} not instrumented ({type(exc).__name__}: {exc})",
+          file=sys.stderr, flush=True)  # fmt: skip
+
+
+class _HookedLoader(importlib.abc.Loader):
+    """Delegates to the real loader, then runs the hook; the module keeps the real loader."""
+
+    def __init__(self, loader: importlib.abc.Loader, hook: Callable[[ModuleType], None]) -> None:
+        self._loader = loader
+        self._hook = hook
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module: ModuleType) -> None:
+        module.__loader__ = self._loader
+        if module.__spec__ is not None:
+            module.__spec__.loader = self._loader
+        self._loader.exec_module(module)
+        _run_hook(self._hook, module)
+
+
+def _run_hook(hook: Callable[[ModuleType], None], module: ModuleType) -> None:
+    try:
+        hook(module)
+    except Exception as exc:  # our problem, never the script's
+        _warn(module.__name__, exc)
+
+
+class PostImportFinder(importlib.abc.MetaPathFinder):
+    """Runs hook(module) once a watched top-level module has finished loading."""
+
+    def __init__(self, hooks: dict[str, Callable[[ModuleType], None]]) -> None:
+        self._hooks = dict(hooks)
+        self._busy: set[str] = set()
+
+    def install(self) -> None:
+        for name in [n for n in self._hooks if n in sys.modules]:  # loaded before us
+            _run_hook(self._hooks.pop(name), sys.modules[name])
+        sys.meta_path.insert(0, self)
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None = None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        hook = self._hooks.get(fullname)
+        if hook is None or fullname in self._busy:
+            return None
+        self._busy.add(fullname)
+        try:
+            spec = importlib.util.find_spec(fullname)  # the other finders' answer
+        finally:
+            self._busy.discard(fullname)
+        if spec is None or spec.loader is None:
+            return None
+        # Not forgotten here: a find_spec may be a probe (importlib.util.find_spec) that
+        # never loads; the hook is dropped once the module has really loaded.
+        spec.loader = _HookedLoader(spec.loader, functools.partial(self._loaded, fullname))
+        return spec
+
+    def _loaded(self, name: str, module: ModuleType) -> None:
+        hook = self._hooks.pop(name, None)
+        if hook is not None:
+            hook(module)
+
+
+class Instrumentation:
+    """The hooks of one training process, reporting through one ProgressWriter."""
+
+    def __init__(self, writer: ProgressWriter) -> None:
+        self.writer = writer
+        self._tf: Any = None
+        self._optimizers: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._poller: threading.Thread | None = None
+        self._fit_seen = threading.Event()  # Keras fit reports steps itself from then on
+        self._stop = threading.Event()
+
+    def finder(self) -> PostImportFinder:
+        return PostImportFinder(
+            {"tensorflow": self._on_tensorflow, "tf_keras": self._on_keras, "keras": self._on_keras}
+        )
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._poller is not None:
+            self._poller.join(timeout=2 * OPTIMIZER_POLL_SECONDS)
+
+    # --- tensorflow -------------------------------------------------------------------
+    def _on_tensorflow(self, tf: ModuleType) -> None:
+        self._tf = tf
+        if self.writer.current.phase in (Phase.NONE, Phase.STARTING):
+            self.writer.phase(Phase.IMPORTED)
+        strategy_class = tf.distribute.MultiWorkerMirroredStrategy
+        init = strategy_class.__init__
+        if getattr(init, _MARK, False):
+            return
+        writer = self.writer
+
+        @functools.wraps(init)
+        def __init__(strategy: Any, *args: Any, **kwargs: Any) -> None:
+            writer.phase(Phase.JOINING)  # the rendezvous: blocks until every peer connects
+            init(strategy, *args, **kwargs)
+            writer.phase(Phase.JOINED)
+
+        setattr(__init__, _MARK, True)
+        strategy_class.__init__ = __init__
+
+    # --- keras ------------------------------------------------------------------------
+    def _on_keras(self, keras: ModuleType) -> None:
+        model = keras.Model
+        if not getattr(model.fit, _MARK, False):
+            model.fit = self._wrap_fit(model.fit, keras)
+        bases = [keras.optimizers.Optimizer]
+        legacy = getattr(keras.optimizers, "legacy", None)
+        if legacy is not None and isinstance(getattr(legacy, "Optimizer", None), type):
+            bases.append(legacy.Optimizer)
+        for base in bases:
+            if not getattr(base.__init__, _MARK, False):
+                base.__init__ = self._wrap_optimizer_init(base.__init__)
+
+    def _wrap_fit(self, fit: Callable[..., Any], keras: ModuleType) -> Callable[..., Any]:
+        signature = inspect.signature(fit)
+        instrumentation = self
+
+        @functools.wraps(fit)
+        def wrapped_fit(model: Any, *args: Any, **kwargs: Any) -> Any:
+            try:
+                bound = signature.bind(model, *args, **kwargs)
+                callbacks = instrumentation._callbacks_for(
+                    model, keras, bound.arguments.get("callbacks")
+                )
+            except Exception as exc:  # a call fit itself will reject, or ours failed
+                _warn("model.fit", exc)
+                return fit(model, *args, **kwargs)
+            if callbacks is not None:
+                bound.arguments["callbacks"] = callbacks
+            instrumentation._fit_seen.set()
+            return fit(*bound.args, **bound.kwargs)
+
+        setattr(wrapped_fit, _MARK, True)
+        return wrapped_fit
+
+    def _callbacks_for(self, model: Any, keras: ModuleType, given: Any) -> list[Any] | None:
+        """The script's callbacks plus ours; None: leave them as they are."""
+        if given is not None and not isinstance(given, list | tuple):
+            return None  # a CallbackList the script built itself
+        callbacks = list(given or [])
+        base = keras.callbacks.Callback
+        if not any(getattr(cb, PROGRESS_MARK, False) for cb in callbacks):
+            callbacks.append(progress_callback_class(base)(self.writer))
+        backup = keras.callbacks.BackupAndRestore
+        if (
+            self._tf is not None
+            and any(isinstance(cb, backup) for cb in callbacks)
+            and not any(getattr(cb, PREEMPTION_MARK, False) for cb in callbacks)
+        ):
+            strategy = getattr(model, "distribute_strategy", None)
+            strategy = strategy or self._tf.distribute.get_strategy()
+            # Last: it runs after the epoch's BackupAndRestore checkpoint is written.
+            callbacks.append(preemption_callback_class(base, self._tf)(strategy))
+        return callbacks
+
+    # --- optimizers (custom training loops) --------------------------------------------
+    def _wrap_optimizer_init(self, init: Callable[..., None]) -> Callable[..., None]:
+        instrumentation = self
+
+        @functools.wraps(init)
+        def __init__(optimizer: Any, *args: Any, **kwargs: Any) -> None:
+            init(optimizer, *args, **kwargs)
+            instrumentation._remember(optimizer)
+
+        setattr(__init__, _MARK, True)
+        return __init__
+
+    def _remember(self, optimizer: Any) -> None:
+        try:
+            self._optimizers.add(optimizer)
+        except TypeError:
+            return
+        if self._poller is None and not self._fit_seen.is_set():
+            if self.writer.current.step_signal == StepSignal.NONE:
+                self.writer.update(force=True, step_signal=StepSignal.OPTIMIZER)
+            self._poller = threading.Thread(
+                target=self._poll_optimizers, name="orchestrate-progress", daemon=True
+            )
+            self._poller.start()
+
+    def _iterations(self) -> int | None:
+        values = []
+        for optimizer in list(self._optimizers):
+            try:
+                values.append(int(optimizer.iterations.numpy()))
+            except Exception:  # not built yet, or being torn down
+                continue
+        return max(values) if values else None
+
+    def _poll_optimizers(self) -> None:
+        """Until Keras fit takes over: steps taken = iterations advanced since first seen."""
+        baseline: int | None = None
+        last = None
+        window_start, window_steps = time.monotonic(), 0
+        rate: float | None = None
+        while not self._stop.wait(OPTIMIZER_POLL_SECONDS):
+            if self._fit_seen.is_set():
+                return
+            value = self._iterations()
+            if value is None:
+                continue
+            if baseline is None:
+                baseline = last = value
+                continue
+            if value == last:
+                continue
+            now = time.monotonic()
+            window_steps += value - (last or 0)
+            last = value
+            if now - window_start >= 1.0:
+                rate = window_steps / (now - window_start)
+                window_start, window_steps = now, 0
+            self.writer.update(
+                force=True,
+                phase=Phase.TRAINING,
+                step_signal=StepSignal.OPTIMIZER,
+                step=value - baseline,
+                steps_per_sec=rate,
+            )

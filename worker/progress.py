@@ -1,0 +1,67 @@
+"""The trainer's side of progress reporting: one writer per process for the small JSON file the
+agent relays (ORCHESTRATE_PROGRESS_FILE). The bootstrap's hooks, the Keras callback and
+worker.runtime all update the same `Progress`, so they never overwrite each other's fields.
+
+Standard library only: the bootstrap imports this before the user's script runs.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from worker.spec import ENV_PROGRESS_FILE, Phase, Progress, write_json_atomic
+
+
+class ProgressWriter:
+    """Holds this task's latest Progress and writes it atomically: at once when forced (a phase
+    change, an epoch boundary), otherwise at most every `min_interval` seconds."""
+
+    def __init__(self, path: Path | None, min_interval: float = 0.5) -> None:
+        self.path = path
+        self.min_interval = min_interval
+        self._lock = threading.Lock()
+        self._progress = Progress()
+        self._last_write = float("-inf")
+
+    @property
+    def current(self) -> Progress:
+        return self._progress
+
+    def update(self, force: bool = False, **changes: Any) -> None:
+        with self._lock:
+            self._progress = replace(self._progress, **changes)
+            now = time.monotonic()
+            if self.path is None or (not force and now - self._last_write < self.min_interval):
+                return
+            try:
+                write_json_atomic(self.path, self._progress.to_dict())
+            except OSError:
+                return  # a full or vanished disk must not end training; the next write retries
+            self._last_write = now
+
+    def due(self) -> bool:
+        """Whether an unforced update would be written now."""
+        return time.monotonic() - self._last_write >= self.min_interval
+
+    def phase(self, phase: Phase) -> None:
+        self.update(force=True, phase=phase)
+
+
+_shared: ProgressWriter | None = None
+_shared_lock = threading.Lock()
+
+
+def shared() -> ProgressWriter:
+    """The process's one writer (to ORCHESTRATE_PROGRESS_FILE; writes nothing outside
+    orchestrate)."""
+    global _shared
+    with _shared_lock:
+        if _shared is None:
+            path = os.environ.get(ENV_PROGRESS_FILE)
+            _shared = ProgressWriter(Path(path) if path else None)
+        return _shared
