@@ -82,7 +82,9 @@ def test_a_script_sees_no_difference(probe_dir: Path, target: list[str], mode: s
     assert {"": 0, "raise": 1, "exit": 7, "exit-message": 1, "sigterm": -15,
             "interrupt": -2}[mode] == direct[0]  # fmt: skip
     if mode == "raise":
-        assert "bootstrap" not in through[2] and 'in fail\n    raise ValueError("boom")' in through[2]
+        assert (
+            "bootstrap" not in through[2] and 'in fail\n    raise ValueError("boom")' in through[2]
+        )
 
 
 def test_relative_script_from_another_directory(probe_dir: Path) -> None:

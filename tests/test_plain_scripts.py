@@ -1,0 +1,226 @@
+"""Bring your own script: training scripts that import nothing of orchestrate (tests/fixtures/
+plain_*.py) get the whole supervision through the bootstrap: progress in `status`, a startup
+deadline shorter than the run that they outlive, the watchdog, the startup deadline naming a
+task that never starts, and a checkpoint on preemption. Real TensorFlow MWMS on the CPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, CliResult, job_processes, status_json, wait_for
+from tests.test_faults import job_view, launch_detached, wait_for_end
+from worker.agent import BOOTSTRAP
+
+pytestmark = pytest.mark.slow
+FIXTURES = Path(__file__).parent / "fixtures"
+PLAIN_FIT = FIXTURES / "plain_fit.py"
+PLAIN_LOOP = FIXTURES / "plain_custom_loop.py"
+
+
+def plain_config(
+    tmp_path: Path, script: Path, args: list[str], *, env: str = "", supervision: str = "",
+    restart: str = "",
+) -> Path:  # fmt: skip
+    path = tmp_path / "cluster.toml"
+    path.write_text(
+        f"""
+[job]
+name = "plain"
+shared_dir = "{tmp_path / "shared"}"
+
+[entrypoint]
+script = "{script}"
+args = {json.dumps(args)}
+env = {{ TF_CPP_MIN_LOG_LEVEL = "2" {env} }}
+
+[backend]
+type = "local"
+workers = 2
+
+[supervision]
+heartbeat_interval = 0.5
+stop_grace = 5.0
+{supervision}
+
+[restart]
+backoff = 0.2
+{restart}
+"""
+    )
+    return path
+
+
+def wait_while_running(
+    cli: Callable[..., CliResult], job_id: str, reap: list[int], ready: Callable[[dict], bool]
+) -> dict:
+    def check() -> dict | None:
+        job = job_view(cli, job_id)
+        reap.extend(p for t in job["tasks"] for p in (t["agent_pid"], t["pid"]) if p)
+        assert job["state"] in ("launching", "running"), job["last_cause"]
+        return job if ready(job) else None
+
+    return wait_for(check, 180, interval=0.5)  # type: ignore[return-value]
+
+
+def test_a_plain_fit_script_reports_progress_outlives_the_deadline_and_checkpoints_on_preemption(
+    tmp_path: Path, cli: Callable[..., CliResult], reap_pids: list[int]
+) -> None:
+    backup = tmp_path / "shared" / "backup"
+    path = plain_config(
+        tmp_path, PLAIN_FIT, ["--epochs", "30", "--backup-dir", str(backup), "--step-delay", "0.03"],
+        supervision="startup_deadline = 40.0", restart="preemption_exit_code = 43",
+    )  # fmt: skip
+    job_id = launch_detached(cli, path, reap_pids)
+
+    def training(job: dict) -> bool:
+        return all(t["step"] > 0 and t["loss"] is not None for t in job["tasks"])
+
+    job = wait_while_running(cli, job_id, reap_pids, training)
+    for task in job["tasks"]:
+        assert task["phase"] == "training" and task["step_signal"] == "keras"
+        assert task["steps_observed"] and task["epoch"] >= 1
+        assert (task["total_epochs"], task["steps_per_epoch"]) == (30, 28)
+    wait_for(lambda: job_view(cli, job_id)["tasks"][0]["eta_seconds"] is not None, 30)
+    # Past the startup deadline, still running: a healthy plain script is not stopped.
+    job = wait_while_running(cli, job_id, reap_pids, lambda j: j["wall_seconds"] > 42)
+    assert job["restarts"] == 0
+
+    # Preemption: SIGTERM to one trainer; it checkpoints at the epoch's end, every worker exits
+    # with the configured code (not 42), and the group restarts uncounted, resuming.
+    os.kill(job["tasks"][1]["pid"], signal.SIGTERM)
+    job = wait_for_end(cli, job_id, timeout=300)
+    assert job["state"] == "succeeded", job["last_cause"]
+    assert (job["restarts"], job["preemptions"]) == (1, 1)
+    restart = next(e["message"] for e in job["events"] if e["kind"] == "restart")
+    assert "preempted: restart not counted" in restart and "exited with code 43" in restart
+    assert all(t["initial_epoch"] > 0 for t in job["tasks"])  # the script's own checkpoint
+    log = (tmp_path / "shared" / job_id / "logs" / "worker-1.log").read_text()
+    assert re.search(r"preempted: checkpointed epoch \d+, exiting with 43", log)
+    assert "task 1 done" in log
+    wait_for(lambda: not job_processes(job_id), 10)
+
+
+def test_a_plain_custom_loop_reports_steps_and_outlives_the_deadline(
+    tmp_path: Path, cli: Callable[..., CliResult], reap_pids: list[int]
+) -> None:
+    path = plain_config(
+        tmp_path, PLAIN_LOOP,
+        ["--steps", "1000", "--checkpoint-dir", str(tmp_path / "shared" / "ckpt"),
+         "--step-delay", "0.02"],
+        supervision="startup_deadline = 40.0",
+    )  # fmt: skip
+    job_id = launch_detached(cli, path, reap_pids)
+    job = wait_while_running(
+        cli, job_id, reap_pids, lambda j: all(t["step"] > 0 for t in j["tasks"])
+    )
+    for task in job["tasks"]:
+        assert task["phase"] == "training" and task["step_signal"] == "optimizer"
+    job = wait_for_end(cli, job_id, timeout=300)
+    assert job["state"] == "succeeded", job["last_cause"]
+    assert job["restarts"] == 0 and job["wall_seconds"] > 40  # it did outlive the deadline
+    assert all(t["step"] > 500 for t in job["tasks"])
+    wait_for(lambda: not job_processes(job_id), 10)
+
+
+def test_a_plain_script_that_hangs_mid_training_is_caught_by_the_watchdog(
+    tmp_path: Path, cli: Callable[..., CliResult], reap_pids: list[int]
+) -> None:
+    path = plain_config(
+        tmp_path, PLAIN_FIT, ["--epochs", "6", "--backup-dir", str(tmp_path / "shared" / "b")],
+        env=', HANG_AT_STEP = "1:40"', supervision="progress_timeout = 8.0",
+        restart="max_restarts = 0",
+    )  # fmt: skip
+    result = cli("launch", str(path), timeout=240)
+    assert result.code == 1, result.out[-3000:]
+    job = status_json(cli, status_json(cli)["jobs"][0]["id"])["jobs"][0]
+    assert job["state"] == "failed"
+    # Both stop: worker-1 hangs, worker-0 then waits in the next collective. The cause names
+    # the task(s) whose steps stopped first, and the signal that went still.
+    assert re.fullmatch(
+        r"no training progress for 8s from worker-[01](, worker-1)? \(Keras fit steps\) "
+        r"\(max_restarts \(0\) reached\)|no training progress for 8s from worker-[01]"
+        r"(, worker-1)? \(Keras fit steps\)",
+        job["last_cause"],
+    ), job["last_cause"]
+    assert "task 1 hangs after step 40" in result.out
+    assert not job_processes(job["id"])
+
+
+def test_a_plain_script_task_that_never_starts_is_named_by_the_startup_deadline(
+    tmp_path: Path, cli: Callable[..., CliResult], reap_pids: list[int]
+) -> None:
+    path = plain_config(
+        tmp_path, PLAIN_FIT, ["--epochs", "3", "--backup-dir", str(tmp_path / "shared" / "b")],
+        env=', NEVER_START = "1"', supervision="startup_deadline = 25.0",
+    )  # fmt: skip
+    result = cli("launch", str(path), timeout=180)
+    assert result.code == 1, result.out[-3000:]
+    job = status_json(cli, status_json(cli)["jobs"][0]["id"])["jobs"][0]
+    # worker-1's interpreter is up (the bootstrap said so) but it never imports TensorFlow;
+    # worker-0 is still loading, or past the import and waiting for its peer.
+    assert re.fullmatch(
+        r"startup deadline of 25s passed; starting: (worker-0, )?worker-1"
+        r"(; (before the rendezvous|waiting for peers): worker-0)?",
+        job["last_cause"],
+    ), job["last_cause"]
+    assert not job_processes(job["id"])
+
+
+KERAS_CHECK = """
+import gc, json, sys
+import numpy as np
+import tensorflow as tf
+import keras  # Keras 3, beside tf.keras (tf-keras under orchestrate)
+from worker import runtime
+
+x, y = np.zeros((64, 4), "float32"), np.zeros((64,), "int64")
+found = {}
+
+def model_of(k):
+    m = k.Sequential([k.layers.Input(shape=(4,)), k.layers.Dense(2)])
+    m.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
+    return m
+
+class Count(tf.keras.callbacks.Callback):
+    def on_train_begin(self, logs=None):
+        found["tf.keras"] = sum(getattr(type(o), "orchestrate_progress", False)
+                                for o in gc.get_objects() if isinstance(o, tf.keras.callbacks.Callback))
+
+ctx = runtime.task_context()
+model_of(tf.keras).fit(x, y, epochs=2, callbacks=[*runtime.callbacks(ctx), Count()], verbose=0)
+progress = json.loads(open(sys.argv[1]).read())
+found["tf.keras progress"] = [progress["step_signal"], progress["epochs"], progress["step"]]
+model_of(keras).fit(x, y, epochs=3, batch_size=16, verbose=0)
+progress = json.loads(open(sys.argv[1]).read())
+found["keras 3 progress"] = [progress["step_signal"], progress["epochs"], progress["step"]]
+print(json.dumps(found))
+"""
+
+
+def test_fit_is_instrumented_once_for_runtime_scripts_and_also_under_keras_3(
+    tmp_path: Path,
+) -> None:
+    script = tmp_path / "check.py"
+    script.write_text(KERAS_CHECK)
+    progress = tmp_path / "progress.json"
+    env = {**os.environ, "TF_USE_LEGACY_KERAS": "1", "TF_CPP_MIN_LOG_LEVEL": "3",
+           "ORCHESTRATE_PROGRESS_FILE": str(progress), "ORCHESTRATE_JOB_DIR": str(tmp_path)}  # fmt: skip
+    env.pop("TF_CONFIG", None)
+    proc = subprocess.run(
+        [sys.executable, BOOTSTRAP, str(script), str(progress)],
+        capture_output=True, text=True, env=env, cwd=REPO, timeout=180, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    found = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert found["tf.keras"] == 1  # runtime.callbacks' reporter, and not a second one of ours
+    assert found["tf.keras progress"] == ["keras", 2, 4]
+    assert found["keras 3 progress"] == ["keras", 3, 12]
