@@ -18,6 +18,8 @@ root for the namespaced test bed; without it they are reported as skipped, with 
 | P6 | `orchestrate status`, 20 jobs x 16 tasks in the store | - |
 | P7 | peak RSS: one agent; the supervisor of 16 SSH hosts | the trainer's own peak RSS |
 | P8 | `launch --dry-run` of a 1,000-host cluster.toml | - |
+| P9 | plain `fit` script: steady throughput via the bootstrap | the same, `instrument = false` |
+| P9b | the same cost in one process: fit calls alternating | fit without our callbacks |
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 TRAINER = REPO / "scripts" / "bench_trainer.py"
+PLAIN_TRAINER = REPO / "scripts" / "bench_plain_trainer.py"
 FAKE = REPO / "tests" / "fixtures" / "fake_trainer.py"
 PY = sys.executable
 EXTRA_ENV: dict[str, str] = {}
@@ -323,6 +326,63 @@ def orchestrate_run(root: Path, home: Path, epochs: int) -> dict[str, float]:
     first, _ = bench_lines(proc.stdout)
     assert first is not None
     return {"first_step": first - t0, "throughput": middle_rate(epoch_rates(proc.stdout), epochs)}
+
+
+def plain_run(root: Path, home: Path, epochs: int, instrument: bool) -> float:
+    """P9: a plain fit script (nothing of ours imported) under orchestrate, with or without
+    the bootstrap; its middle epochs' steps/s."""
+    config = root / f"plain-{instrument}.toml"
+    backup = root / "shared" / f"plain-backup-{time.monotonic_ns()}"
+    config.write_text(
+        f"""
+[job]
+name = "bench-plain"
+shared_dir = "{root / "shared"}"
+
+[entrypoint]
+script = "{PLAIN_TRAINER}"
+args = ["--epochs", "{epochs}", "--backup-dir", "{backup}"]
+env = {{ TF_CPP_MIN_LOG_LEVEL = "2" }}
+instrument = {str(instrument).lower()}
+
+[backend]
+type = "local"
+workers = 2
+"""
+    )
+    proc = subprocess.run(
+        [PY, "-m", "orchestrator", "launch", str(config)],
+        capture_output=True,
+        text=True,
+        env=orch_env(home),
+        cwd=REPO,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return middle_rate(epoch_rates(proc.stdout), epochs)
+
+
+def callback_ab(root: Path, rounds: int) -> list[tuple[float, float]]:
+    """P9b: one process alternates fit calls without and with the callbacks the bootstrap adds
+    to a plain script's fit: (without, with) steps/s per round. Same process, same warm state:
+    the machine's noise between processes drops out."""
+    env = {**os.environ, "TF_USE_LEGACY_KERAS": "1", "TF_CPP_MIN_LOG_LEVEL": "3"}
+    env.pop("TF_CONFIG", None)
+    proc = subprocess.run(
+        [PY, str(PLAIN_TRAINER), "--backup-dir", str(root), "--ab", str(rounds)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    pairs = []
+    for line in proc.stdout.splitlines():
+        if line.startswith("BENCH ab "):
+            without, with_ours = map(float, line.split()[2:4])
+            pairs.append((without, with_ours))
+    return pairs
 
 
 # --- P4 / P5: failure detection and recovery ------------------------------------------------
@@ -609,6 +669,26 @@ def run_suite(quick: bool) -> list[Row]:
             target="<= 100 MB",
         ),
         "P8": Row("P8", "plan + --dry-run, 1,000 hosts", "s", target_value=1.0, target="<= 1 s"),
+        "P9": Row(
+            "P9",
+            "plain fit script through the bootstrap, steady throughput",
+            "steps/s",
+            kind="inverse",
+            target_ratio=0.98,
+            baseline_label="the same script, instrument = false",
+            target=">= 0.98x (cost <= 2 %)",
+            paired=True,
+        ),
+        "P9b": Row(
+            "P9b",
+            "the bootstrap's fit callbacks, one process, alternating",
+            "steps/s",
+            kind="inverse",
+            target_ratio=0.98,
+            baseline_label="fit without them",
+            target=">= 0.98x (cost <= 2 %)",
+            paired=True,
+        ),
     }
     with tempfile.TemporaryDirectory(prefix="orch-bench-") as tmp:
         root = Path(tmp)
@@ -629,6 +709,13 @@ def run_suite(quick: bool) -> list[Row]:
             rows["P2"].values.append(ours["first_step"])
             rows["P3"].baseline.append(raw["throughput"])
             rows["P3"].values.append(ours["throughput"])
+        print("P9 plain fit script with and without the bootstrap, alternating ...", flush=True)
+        for _ in range(pairs):
+            rows["P9"].baseline.append(plain_run(root, home, epochs, instrument=False))
+            rows["P9"].values.append(plain_run(root, home, epochs, instrument=True))
+        for without, with_ours in callback_ab(root, 3 if quick else 15):
+            rows["P9b"].baseline.append(without)
+            rows["P9b"].values.append(with_ours)
         print("P4/P5 kill and recovery ...", flush=True)
         for _ in range(repeat):
             result = orchestrate_kill(root, home, 30)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -22,6 +23,7 @@ from orchestrator.launcher import make_specs, plan_launch, preflight, start_agen
 from orchestrator.transport.ssh import SshHosts, SshTransport
 from tests import test_transport_contract as contract
 from tests.conftest import IN_CI, REPO, CliResult, status_json, wait_for
+from worker.probe import HOST_PROTOCOL
 
 sys.path.insert(0, str(REPO / "scripts"))
 import testbed as tb
@@ -238,11 +240,11 @@ def test_unreachable_host_and_wrong_key_fail_preflight_naming_each_host(
 def test_a_host_with_another_orchestrate_version_fails_preflight_naming_it(
     bed: tb.Testbed, tmp_path: Path, cli: Callable[..., CliResult]
 ) -> None:
-    # h1's interpreter sees an older worker package first (its host protocol is 1).
+    # h1's interpreter sees an older worker package first (an older host protocol).
     old = tmp_path / "old-orchestrate"
     shutil.copytree(REPO / "worker", old / "worker")
     probe = old / "worker" / "probe.py"
-    probe.write_text(probe.read_text().replace("HOST_PROTOCOL = 2", "HOST_PROTOCOL = 1"))
+    probe.write_text(re.sub(r"HOST_PROTOCOL = \d+", "HOST_PROTOCOL = 1", probe.read_text()))
     wrapper = tmp_path / "old-python"
     wrapper.write_text(f'#!/bin/sh\nPYTHONPATH={old} exec {bed.python} "$@"\n')
     wrapper.chmod(0o755)
@@ -255,7 +257,7 @@ def test_a_host_with_another_orchestrate_version_fails_preflight_naming_it(
     assert result.code == 1, result
     assert result.err.count("\n") == 1 and "Traceback" not in result.err
     assert "preflight failed on 1 host(s): h1: its orchestrate worker package is another " \
-           "version (protocol 1, here 2)" in result.err  # fmt: skip
+           f"version (protocol 1, here {HOST_PROTOCOL})" in result.err  # fmt: skip
     for host in bed.hosts:
         assert processes_in(host.namespace, "worker.agent") == []
 

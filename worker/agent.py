@@ -1,7 +1,8 @@
 """The worker agent: `python -m worker.agent SPEC_PATH`.
 
 Started detached (its own session, so its pid is also its process group id). It runs the
-training entrypoint with TF_CONFIG set, sends the trainer's output to the task's log file on the
+training entrypoint with TF_CONFIG set (through worker/bootstrap.py unless the spec says not to
+instrument it), sends the trainer's output to the task's log file on the
 shared directory, writes status + heartbeat atomically, forwards SIGTERM to the trainer (grace,
 then SIGKILL), and makes sure the trainer never outlives it (PR_SET_PDEATHSIG).
 """

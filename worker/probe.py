@@ -39,9 +39,11 @@ def _version(dist: str) -> str | None:
         return None
 
 
-# The host helper's request set. The coordinator refuses a host whose worker package answers
-# with another (an older orchestrate installed there): bump it when an operation changes.
-HOST_PROTOCOL = 2
+# The host helper's request set and the worker spec it starts agents with. The coordinator
+# refuses a host whose worker package answers with another (an older orchestrate installed
+# there): bump it when an operation or the spec (worker.spec.SPEC_VERSION) changes.
+# 3: the spec gained `instrument` (the bootstrap).
+HOST_PROTOCOL = 3
 
 
 def free_ports(count: int) -> list[int]:
