@@ -22,7 +22,7 @@ from worker.spec import Phase, StepSignal
 ENV_HOME = "ORCHESTRATE_HOME"
 SCHEMA_VERSION = 2
 
-_SCHEMA = """
+SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
     id TEXT PRIMARY KEY,
     name TEXT NOT NULL,
@@ -220,7 +220,7 @@ class Store:
                     f"{self.path} was written by another version of orchestrate (schema "
                     f"{version}, this one needs {SCHEMA_VERSION}): move it away to start afresh"
                 )
-            self._db.executescript(_SCHEMA)
+            self._db.executescript(SCHEMA)
             self._db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
     def _has_schema(self) -> bool:

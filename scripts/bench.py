@@ -311,9 +311,8 @@ def raw_run(
     return result
 
 
-def orchestrate_run(root: Path, home: Path, epochs: int) -> dict[str, float]:
-    config = local_config(root, epochs)
-    t0 = time.time()
+def launch(config: Path, home: Path) -> str:
+    """`orchestrate launch CONFIG` in the foreground, to success; its output."""
     proc = subprocess.run(
         [PY, "-m", "orchestrator", "launch", str(config)],
         capture_output=True,
@@ -323,9 +322,15 @@ def orchestrate_run(root: Path, home: Path, epochs: int) -> dict[str, float]:
         timeout=300,
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    first, _ = bench_lines(proc.stdout)
+    return proc.stdout
+
+
+def orchestrate_run(root: Path, home: Path, epochs: int) -> dict[str, float]:
+    t0 = time.time()
+    out = launch(local_config(root, epochs), home)
+    first, _ = bench_lines(out)
     assert first is not None
-    return {"first_step": first - t0, "throughput": middle_rate(epoch_rates(proc.stdout), epochs)}
+    return {"first_step": first - t0, "throughput": middle_rate(epoch_rates(out), epochs)}
 
 
 def plain_run(root: Path, home: Path, epochs: int, instrument: bool) -> float:
@@ -350,16 +355,7 @@ type = "local"
 workers = 2
 """
     )
-    proc = subprocess.run(
-        [PY, "-m", "orchestrator", "launch", str(config)],
-        capture_output=True,
-        text=True,
-        env=orch_env(home),
-        cwd=REPO,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    return middle_rate(epoch_rates(proc.stdout), epochs)
+    return middle_rate(epoch_rates(launch(config, home)), epochs)
 
 
 def callback_ab(root: Path, rounds: int) -> list[tuple[float, float]]:

@@ -76,3 +76,40 @@ def test_another_process_reads_while_this_one_holds_a_connection(tmp_path: Path)
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "42"
+
+
+def test_a_store_of_the_previous_schema_is_upgraded_in_place(tmp_path: Path) -> None:
+    """A store written before phases and totals were recorded keeps its jobs."""
+    import sqlite3
+
+    from orchestrator import store as store_module
+    from worker.spec import Phase, StepSignal
+
+    db = tmp_path / "s.db"
+    old_schema = store_module.SCHEMA.replace(
+        """    phase TEXT NOT NULL DEFAULT '',
+    step_signal TEXT NOT NULL DEFAULT '',
+    total_epochs INTEGER NOT NULL DEFAULT 0,
+    steps_per_epoch INTEGER NOT NULL DEFAULT 0,
+    epoch_step INTEGER NOT NULL DEFAULT 0,
+""",
+        "",
+    )
+    assert "phase" not in old_schema
+    with sqlite3.connect(db) as raw:
+        raw.executescript(old_schema)
+        raw.execute("PRAGMA user_version = 1")
+        raw.execute(
+            "INSERT INTO jobs (id, name, state, backend, config_path, config_json, job_dir, "
+            "created, updated) VALUES ('old-1', 'old', 'succeeded', 'local', 'c', '{}', '/x', 1, 2)"
+        )
+        raw.execute(
+            "INSERT INTO tasks (job_id, idx, type, host_index, host, address, state, step) "
+            "VALUES ('old-1', 0, 'worker', 0, 'local', '127.0.0.1:1', 'succeeded', 9)"
+        )
+    store = Store(db)
+    task = store.tasks("old-1")[0]
+    assert (task.step, task.phase, task.step_signal) == (9, Phase.NONE, StepSignal.NONE)
+    store.update_tasks("old-1", {0: {"phase": Phase.FINISHED, "total_epochs": 3}})
+    assert store.tasks("old-1")[0].phase == Phase.FINISHED
+    assert Store(db).get_job("old").state == JobState.SUCCEEDED  # opens again, no migration

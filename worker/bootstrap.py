@@ -108,9 +108,9 @@ def _run_module(name: str, args: list[str]) -> None:
 def _forget_our_package_if_shadowed() -> None:
     """A script whose own directory holds a `worker` module must import that one, as it would
     without us: forget ours (the hooks keep what they need)."""
-    ours = sys.modules["worker"].__file__
+    ours = os.path.realpath(sys.modules["worker"].__file__ or "")
     found = importlib.machinery.PathFinder.find_spec("worker", sys.path)
-    if found is not None and found.origin != ours:
+    if found is not None and os.path.realpath(found.origin or "") != ours:
         for name in [n for n in sys.modules if n == "worker" or n.startswith("worker.")]:
             del sys.modules[name]
 

@@ -36,6 +36,7 @@ from worker.spec import (
     ENV_STRATEGY,
     ENV_TASK_DIR,
     Phase,
+    StepSignal,
     write_json_atomic,
 )
 
@@ -335,6 +336,9 @@ def callbacks(
         tf.keras.callbacks.BackupAndRestore(backup_dir=str(ctx.backup_dir))
     ]
     if ctx.progress_file is not None:
+        # Steps will be observed: the startup deadline waits for the first one (not only for
+        # the rendezvous), even without the bootstrap.
+        _progress.shared().update(force=True, step_signal=StepSignal.KERAS)
         result.append(ProgressReporter(_progress.shared()))
     if _tensorboard_installed():
         result.append(tensorboard_callback(ctx))
