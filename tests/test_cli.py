@@ -221,6 +221,23 @@ def test_successful_job_streams_whole_prefixed_lines_with_args_byte_for_byte(
     assert copies == ["worker-0.log", "worker-1.log"]
 
 
+def test_the_script_runs_through_the_bootstrap_unless_instrument_is_false(
+    tmp_path: Path, cli: Callable[..., CliResult]
+) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text(fake_job(tmp_path, ["--mode", "ok"]))
+    result = cli("launch", str(path), timeout=60)
+    assert result.code == 0, result
+    assert result.out.count(" via=bootstrap") == 2 and "instrument = false" not in result.out
+    path.write_text(
+        fake_job(tmp_path, ["--mode", "ok"]).replace("[backend]", "instrument = false\n\n[backend]")
+    )
+    result = cli("launch", str(path), timeout=60)
+    assert result.code == 0, result
+    assert result.out.count(" via=direct") == 2
+    assert result.out.count("entrypoint.instrument = false: progress, the watchdog") == 1
+
+
 def test_detach_then_stop_leaves_no_process(
     tmp_path: Path, cli: Callable[..., CliResult], reap_pids: list[int]
 ) -> None:
