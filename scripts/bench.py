@@ -677,13 +677,12 @@ def run_suite(quick: bool) -> list[Row]:
         ),
         "P9b": Row(
             "P9b",
-            "the bootstrap's fit callbacks, one process, alternating",
+            "the bootstrap's fit callbacks, one process, best of N",
             "steps/s",
             kind="inverse",
             target_ratio=0.98,
             baseline_label="fit without them",
             target=">= 0.98x (cost <= 2 %)",
-            paired=True,
         ),
     }
     with tempfile.TemporaryDirectory(prefix="orch-bench-") as tmp:
@@ -709,9 +708,16 @@ def run_suite(quick: bool) -> list[Row]:
         for _ in range(pairs):
             rows["P9"].baseline.append(plain_run(root, home, epochs, instrument=False))
             rows["P9"].values.append(plain_run(root, home, epochs, instrument=True))
-        for without, with_ours in callback_ab(root, 3 if quick else 15):
-            rows["P9b"].baseline.append(without)
-            rows["P9b"].values.append(with_ours)
+        # This machine flips between a fast and a slow mode (about 2x) from one fit call to the
+        # next, whatever runs: noise only slows, so each variant's best round is compared.
+        ab = callback_ab(root, 3 if quick else 15)
+        rows["P9b"].baseline = [max(without for without, _ in ab)]
+        rows["P9b"].values = [max(with_ours for _, with_ours in ab)]
+        rows["P9b"].note = (
+            f"best of {len(ab)} alternating fit calls of the digits MLP in one process (one-worker "
+            "MWMS: the smallest step, where a per-step cost shows most); all rounds without / "
+            "with: " + ", ".join(f"{a:.0f}/{b:.0f}" for a, b in ab)
+        )
         print("P4/P5 kill and recovery ...", flush=True)
         for _ in range(repeat):
             result = orchestrate_kill(root, home, 30)

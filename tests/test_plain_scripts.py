@@ -76,7 +76,7 @@ def test_a_plain_fit_script_reports_progress_outlives_the_deadline_and_checkpoin
 ) -> None:
     backup = tmp_path / "shared" / "backup"
     path = plain_config(
-        tmp_path, PLAIN_FIT, ["--epochs", "30", "--backup-dir", str(backup), "--step-delay", "0.03"],
+        tmp_path, PLAIN_FIT, ["--epochs", "40", "--backup-dir", str(backup), "--step-delay", "0.03"],
         supervision="startup_deadline = 40.0", restart="preemption_exit_code = 43",
     )  # fmt: skip
     job_id = launch_detached(cli, path, reap_pids)
@@ -88,7 +88,7 @@ def test_a_plain_fit_script_reports_progress_outlives_the_deadline_and_checkpoin
     for task in job["tasks"]:
         assert task["phase"] == "training" and task["step_signal"] == "keras"
         assert task["steps_observed"] and task["epoch"] >= 1
-        assert (task["total_epochs"], task["steps_per_epoch"]) == (30, 28)
+        assert (task["total_epochs"], task["steps_per_epoch"]) == (40, 28)
     wait_for(lambda: job_view(cli, job_id)["tasks"][0]["eta_seconds"] is not None, 30)
     # Past the startup deadline, still running: a healthy plain script is not stopped.
     job = wait_while_running(cli, job_id, reap_pids, lambda j: j["wall_seconds"] > 42)
@@ -114,7 +114,7 @@ def test_a_plain_custom_loop_reports_steps_and_outlives_the_deadline(
 ) -> None:
     path = plain_config(
         tmp_path, PLAIN_LOOP,
-        ["--steps", "1000", "--checkpoint-dir", str(tmp_path / "shared" / "ckpt"),
+        ["--steps", "1500", "--checkpoint-dir", str(tmp_path / "shared" / "ckpt"),
          "--step-delay", "0.02"],
         supervision="startup_deadline = 40.0",
     )  # fmt: skip
@@ -127,7 +127,7 @@ def test_a_plain_custom_loop_reports_steps_and_outlives_the_deadline(
     job = wait_for_end(cli, job_id, timeout=300)
     assert job["state"] == "succeeded", job["last_cause"]
     assert job["restarts"] == 0 and job["wall_seconds"] > 40  # it did outlive the deadline
-    assert all(t["step"] > 500 for t in job["tasks"])
+    assert all(t["step"] > 1000 for t in job["tasks"])
     wait_for(lambda: not job_processes(job_id), 10)
 
 
