@@ -103,6 +103,8 @@ class _ProgressMixin:
         self._step += 1
         self._epoch_step += 1
         self._window_steps += 1
+        if self._step == 1:  # the first step includes tracing: the pace is measured after it
+            self._window_start, self._window_steps = time.monotonic(), 0
         if logs and "loss" in logs:
             self._loss = logs["loss"]
             self._scaled = False
