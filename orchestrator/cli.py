@@ -19,8 +19,8 @@ import typer
 
 from orchestrator.errors import OrchestrateError, UsageError, exit_code_for
 from orchestrator.states import JobState, TaskState
-from orchestrator.store import JobRecord, Store, TaskRecord
-from worker.spec import Phase, StepSignal, remaining_steps
+from orchestrator.store import JobRecord, Store
+from orchestrator.views import job_view, render_report, render_status, supervisor_alive
 
 app = typer.Typer(
     name="orchestrate",
@@ -150,20 +150,7 @@ def report(
     if as_json:
         _echo(json.dumps(data, indent=2))
         return
-    _echo(f"job {data['job']}: {data['state']} in {data['wall_seconds']:.0f}s, "
-          f"{data['restarts']} restart(s)")  # fmt: skip
-    for cause in data["restart_causes"]:
-        _echo(f"  restart: {cause}")
-    rows = [
-        [f"worker-{i}", t["host"], t["state"], str(t["epoch"]), str(t["steps"]),
-         "-" if t["loss"] is None else f"{t['loss']:.4f}",
-         "-" if t["median_steps_per_sec"] is None else f"{t['median_steps_per_sec']:.1f}"]
-        for i, t in data["tasks"].items()
-    ]  # fmt: skip
-    _echo(_table(["TASK", "HOST", "STATE", "EPOCH", "STEPS", "LOSS", "STEPS/S (median)"], rows))
-    if data["metrics"]:
-        _echo("metrics: " + ", ".join(f"{k}={v}" for k, v in data["metrics"].items()))
-    _echo(f"chart: {data['chart']['path']}")
+    render_report(data)
 
 
 @app.command()
@@ -244,7 +231,7 @@ def attach(
     job = store.get_job(job_ref)
     if job.state.is_terminal():
         raise UsageError(f"job {job.id} already {job.state.value}: nothing to attach to")
-    alive = _supervisor_alive(job)
+    alive = supervisor_alive(job)
     if alive:
         raise UsageError(f"job {job.id} is supervised by pid {job.supervisor_pid}; it is not lost")
     if alive is None:
@@ -270,7 +257,7 @@ def status(
     jobs = [store.get_job(job_ref)] if job_ref else store.list_jobs(limit)
     tasks = store.tasks_for([j.id for j in jobs])
     now = time.time()
-    views = [_job_view(j, tasks[j.id], now) for j in jobs]
+    views = [job_view(j, tasks[j.id], now) for j in jobs]
     if job_ref:
         views[0]["events"] = [
             {"ts": e.ts, "kind": e.kind, "task": e.task, "message": e.message}
@@ -279,162 +266,12 @@ def status(
     if as_json:
         _echo(json.dumps({"jobs": views}, indent=2))
         return
-    _render_status(views, detailed=job_ref is not None or len(jobs) == 1)
+    render_status(views, detailed=job_ref is not None or len(jobs) == 1)
     if job_ref and views[0]["events"]:
         _echo()
         for event in views[0]["events"][-8:]:
             when = time.strftime("%H:%M:%S", time.localtime(event["ts"]))
             _echo(f"{when}  {event['kind']:<10} {event['message']}")
-
-
-def _supervisor_alive(job: JobRecord) -> bool | None:
-    if job.supervisor_pid is None:
-        return False
-    if job.supervisor_host != socket.gethostname():
-        return None  # on another machine: we cannot tell from here
-    from worker.proctl import is_alive
-
-    return is_alive(job.supervisor_pid)
-
-
-def _job_view(job: JobRecord, tasks: list[TaskRecord], now: float) -> dict[str, Any]:
-    alive = None if job.state.is_terminal() else _supervisor_alive(job)
-    return {
-        "id": job.id,
-        "name": job.name,
-        "state": job.state.value,
-        "backend": job.backend,
-        "attempt": job.attempt,
-        "restarts": job.restarts,
-        "preemptions": job.preemptions,
-        "last_cause": job.last_cause,
-        "created": job.created,
-        "ended": job.ended,
-        "wall_seconds": round((job.ended or now) - job.created, 1),
-        "job_dir": job.job_dir,
-        "supervisor": {"pid": job.supervisor_pid, "host": job.supervisor_host, "alive": alive},
-        "tasks": [
-            {
-                "index": t.idx,
-                "type": t.type,
-                "host": t.host,
-                "address": t.address,
-                "state": t.state.value,
-                "agent_pid": t.agent_pid,
-                "pid": t.trainer_pid,
-                "exit_code": t.exit_code,
-                "attempt": t.attempt,
-                "epoch": t.epoch,
-                "initial_epoch": t.initial_epoch,
-                "step": t.step,
-                "loss": t.loss,
-                "steps_per_sec": t.steps_per_sec,
-                "phase": t.phase.value,
-                "step_signal": t.step_signal.value,
-                "steps_observed": t.step_signal != StepSignal.NONE,
-                "total_epochs": t.total_epochs,
-                "steps_per_epoch": t.steps_per_epoch,
-                "epoch_step": t.epoch_step,
-                "eta_seconds": _eta(t),
-                "first_step_at": t.first_step_at,
-                "heartbeat_age": None
-                if t.heartbeat_at is None
-                else round(max(now - t.heartbeat_at, 0.0), 2),
-            }
-            for t in tasks
-        ],
-    }
-
-
-def _eta(task: TaskRecord) -> float | None:
-    """Seconds to the end of model.fit at the current pace; None where fit gave no totals."""
-    if task.state.is_terminal() or not task.steps_per_sec:
-        return None
-    left = remaining_steps(task.epoch, task.total_epochs, task.steps_per_epoch, task.epoch_step)
-    return None if left is None else round(left / task.steps_per_sec, 1)
-
-
-def _duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    minutes, secs = divmod(int(seconds + 0.5), 60)
-    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
-
-
-def _step_cell(task: dict[str, Any]) -> str:
-    if not task["steps_observed"] and Phase(task["phase"]).past_rendezvous():
-        return "not observed"
-    return str(task["step"])
-
-
-def _table(headers: list[str], rows: list[list[str]]) -> str:
-    """Plain aligned columns: nothing truncated, and no rich import on the status path."""
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
-    lines = [
-        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
-        for row in [headers, *rows]
-    ]
-    return "\n".join(lines)
-
-
-def _render_status(views: list[dict[str, Any]], detailed: bool) -> None:
-    if not views:
-        _echo("no jobs yet: orchestrate launch cluster.toml")
-        return
-    rows = []
-    for v in views:
-        running = sum(1 for t in v["tasks"] if TaskState(t["state"]).is_running())
-        state = v["state"]
-        if v["supervisor"]["alive"] is False:
-            state += " (supervisor gone: orchestrate attach)"
-        rows.append(
-            [
-                v["id"],
-                state,
-                v["backend"],
-                f"{running}/{len(v['tasks'])}",
-                str(v["restarts"]),
-                f"{v['wall_seconds']:.0f}s",
-                v["last_cause"] or "-",
-            ]
-        )
-    _echo(_table(["JOB", "STATE", "BACKEND", "RUNNING", "RESTARTS", "WALL", "LAST CAUSE"], rows))
-    if not detailed:
-        return
-    for v in views:
-        rows = [
-            [
-                f"{t['type']}-{t['index']}",
-                t["host"],
-                t["address"],
-                t["state"] + (f" ({t['exit_code']})" if t["exit_code"] else ""),
-                t["phase"] or "-",
-                str(t["pid"] or "-"),
-                f"{t['epoch']}/{t['total_epochs']}" if t["total_epochs"] else str(t["epoch"]),
-                _step_cell(t),
-                "-" if t["loss"] is None else f"{t['loss']:.4f}",
-                "-" if t["steps_per_sec"] is None else f"{t['steps_per_sec']:.1f}",
-                _duration(t["eta_seconds"]),
-                "-" if t["heartbeat_age"] is None else f"{t['heartbeat_age']:.1f}s ago",
-            ]
-            for t in v["tasks"]
-        ]
-        headers = [
-            "TASK",
-            "HOST",
-            "ADDRESS",
-            "STATE",
-            "PHASE",
-            "PID",
-            "EPOCH",
-            "STEP",
-            "LOSS",
-            "STEPS/S",
-            "ETA",
-            "HEARTBEAT",
-        ]
-        _echo()
-        _echo(_table(headers, rows))
 
 
 @app.command()
@@ -451,30 +288,25 @@ def logs(
     tasks = store.tasks(job.id)
     if task is not None and task not in {t.idx for t in tasks}:
         raise UsageError(f"job {job.id} has no task {task} (tasks: 0..{len(tasks) - 1})")
+    from orchestrator.logstream import LogTailer
+    from orchestrator.transport.local import LocalTransport
+
     chosen = [t for t in tasks if task is None or t.idx == task]
     log_dir = job_home(job.id) / "logs"
-    offsets = {t.idx: 0 for t in chosen}
-    partial = {t.idx: b"" for t in chosen}
+    local = LocalTransport()
+    tailers = {t.idx: LogTailer(local, str(log_dir / f"worker-{t.idx}.log")) for t in chosen}
     while True:
+        last = not follow or store.get_job(job.id).state.is_terminal()
         for t in chosen:
-            path = log_dir / f"worker-{t.idx}.log"
-            if not path.exists():
-                continue
-            with open(path, "rb") as fh:
-                fh.seek(offsets[t.idx])
-                data = fh.read()
-            offsets[t.idx] += len(data)
-            *lines, partial[t.idx] = (partial[t.idx] + data).split(b"\n")
+            tailer = tailers[t.idx]
+            lines = tailer.flush() if last else tailer.poll()  # the end: a last partial line too
             prefix = "" if task is not None else f"[worker-{t.idx} {t.host}] "
             if lines:
                 sys.stdout.write(
                     "".join(prefix + ln.decode(errors="replace") + "\n" for ln in lines)
                 )
         sys.stdout.flush()
-        if not follow or store.get_job(job.id).state.is_terminal():
-            if follow:
-                follow = False  # one last read after the job ended
-                continue
+        if last:
             break
         time.sleep(0.3)
 
@@ -491,7 +323,7 @@ def stop(job_ref: JobArg) -> None:
 
     cfg = ClusterConfig.model_validate_json(job.config_json)
     grace = cfg.supervision.stop_grace
-    if _supervisor_alive(job) and job.supervisor_pid is not None:
+    if supervisor_alive(job) and job.supervisor_pid is not None:
         os.kill(job.supervisor_pid, signal.SIGTERM)
         deadline = time.monotonic() + grace + 30
         while time.monotonic() < deadline and not store.get_job(job.id).state.is_terminal():

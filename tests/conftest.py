@@ -79,6 +79,26 @@ def wait_for(predicate: Callable[[], object], timeout: float, interval: float = 
     raise AssertionError(f"condition not met within {timeout}s")
 
 
+def job_view(cli: Callable[..., CliResult], job_id: str) -> dict:
+    return status_json(cli, job_id)["jobs"][0]
+
+
+def launch_detached(cli: Callable[..., CliResult], path: Path, reap: list[int]) -> str:
+    result = cli("launch", "--detach", str(path))
+    assert result.code == 0, result
+    job = status_json(cli)["jobs"][0]
+    reap.append(job["supervisor"]["pid"])
+    return job["id"]
+
+
+def wait_for_end(cli: Callable[..., CliResult], job_id: str, timeout: float = 240) -> dict:
+    def ended() -> dict | None:
+        job = job_view(cli, job_id)
+        return job if job["state"] in ("succeeded", "failed", "stopped") else None
+
+    return wait_for(ended, timeout, interval=0.5)  # type: ignore[return-value]
+
+
 def job_processes(job_id: str) -> list[int]:
     """Every live process of a job, found from /proc: agents by their spec path, trainers by
     the ORCHESTRATE_JOB_ID in their environment. Whatever attempt started them."""

@@ -16,7 +16,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, CliResult, job_processes, status_json, wait_for
+from tests.conftest import (
+    REPO,
+    CliResult,
+    job_processes,
+    job_view,
+    launch_detached,
+    status_json,
+    wait_for,
+    wait_for_end,
+)
 from worker.proctl import is_alive
 
 pytestmark = pytest.mark.slow
@@ -61,18 +70,6 @@ backoff = 0.2
     return path
 
 
-def job_view(cli: Callable[..., CliResult], job_id: str) -> dict:
-    return status_json(cli, job_id)["jobs"][0]
-
-
-def launch_detached(cli: Callable[..., CliResult], path: Path, reap: list[int]) -> str:
-    result = cli("launch", "--detach", str(path))
-    assert result.code == 0, result
-    job = status_json(cli)["jobs"][0]
-    reap.append(job["supervisor"]["pid"])
-    return job["id"]
-
-
 def wait_for_epoch(cli: Callable[..., CliResult], job_id: str, epoch: int, reap: list[int]) -> dict:
     def reached() -> dict | None:
         job = job_view(cli, job_id)
@@ -81,14 +78,6 @@ def wait_for_epoch(cli: Callable[..., CliResult], job_id: str, epoch: int, reap:
         return job if ok else None
 
     return wait_for(reached, 150)  # type: ignore[return-value]
-
-
-def wait_for_end(cli: Callable[..., CliResult], job_id: str, timeout: float = 240) -> dict:
-    def ended() -> dict | None:
-        job = job_view(cli, job_id)
-        return job if job["state"] in ("succeeded", "failed", "stopped") else None
-
-    return wait_for(ended, timeout, interval=0.5)  # type: ignore[return-value]
 
 
 def event_times(job: dict, kind: str) -> list[float]:

@@ -16,8 +16,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, CliResult, job_processes, status_json, wait_for
-from tests.test_faults import job_view, launch_detached, wait_for_end
+from tests.conftest import (
+    REPO,
+    CliResult,
+    job_processes,
+    job_view,
+    launch_detached,
+    status_json,
+    wait_for,
+    wait_for_end,
+)
 from worker.agent import BOOTSTRAP
 
 pytestmark = pytest.mark.slow

@@ -1,0 +1,184 @@
+"""What `orchestrate status` shows: a job and its tasks as a plain dict (the `--json` form)
+and as aligned text tables. Pure rendering over store records; no rich on the status path."""
+
+from __future__ import annotations
+
+import socket
+import sys
+from typing import Any
+
+from orchestrator.states import TaskState
+from orchestrator.store import JobRecord, TaskRecord
+from worker.spec import Phase, StepSignal, remaining_steps
+
+
+def _write(text: str = "") -> None:
+    sys.stdout.write(text + "\n")
+
+
+def supervisor_alive(job: JobRecord) -> bool | None:
+    if job.supervisor_pid is None:
+        return False
+    if job.supervisor_host != socket.gethostname():
+        return None  # on another machine: we cannot tell from here
+    from worker.proctl import is_alive
+
+    return is_alive(job.supervisor_pid)
+
+
+def job_view(job: JobRecord, tasks: list[TaskRecord], now: float) -> dict[str, Any]:
+    alive = None if job.state.is_terminal() else supervisor_alive(job)
+    return {
+        "id": job.id,
+        "name": job.name,
+        "state": job.state.value,
+        "backend": job.backend,
+        "attempt": job.attempt,
+        "restarts": job.restarts,
+        "preemptions": job.preemptions,
+        "last_cause": job.last_cause,
+        "created": job.created,
+        "ended": job.ended,
+        "wall_seconds": round((job.ended or now) - job.created, 1),
+        "job_dir": job.job_dir,
+        "supervisor": {"pid": job.supervisor_pid, "host": job.supervisor_host, "alive": alive},
+        "tasks": [
+            {
+                "index": t.idx,
+                "type": t.type,
+                "host": t.host,
+                "address": t.address,
+                "state": t.state.value,
+                "agent_pid": t.agent_pid,
+                "pid": t.trainer_pid,
+                "exit_code": t.exit_code,
+                "attempt": t.attempt,
+                "epoch": t.epoch,
+                "initial_epoch": t.initial_epoch,
+                "step": t.step,
+                "loss": t.loss,
+                "steps_per_sec": t.steps_per_sec,
+                "phase": t.phase.value,
+                "step_signal": t.step_signal.value,
+                "steps_observed": t.step_signal != StepSignal.NONE,
+                "total_epochs": t.total_epochs,
+                "steps_per_epoch": t.steps_per_epoch,
+                "epoch_step": t.epoch_step,
+                "eta_seconds": _eta(t),
+                "first_step_at": t.first_step_at,
+                "heartbeat_age": None
+                if t.heartbeat_at is None
+                else round(max(now - t.heartbeat_at, 0.0), 2),
+            }
+            for t in tasks
+        ],
+    }
+
+
+def _eta(task: TaskRecord) -> float | None:
+    """Seconds to the end of model.fit at the current pace; None where fit gave no totals."""
+    if task.state.is_terminal() or not task.steps_per_sec:
+        return None
+    left = remaining_steps(task.epoch, task.total_epochs, task.steps_per_epoch, task.epoch_step)
+    return None if left is None else round(left / task.steps_per_sec, 1)
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    minutes, secs = divmod(int(seconds + 0.5), 60)
+    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
+
+
+def _step_cell(task: dict[str, Any]) -> str:
+    if not task["steps_observed"] and Phase(task["phase"]).past_rendezvous():
+        return "not observed"
+    return str(task["step"])
+
+
+def table(headers: list[str], rows: list[list[str]]) -> str:
+    """Plain aligned columns: nothing truncated, and no rich import on the status path."""
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
+    lines = [
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+        for row in [headers, *rows]
+    ]
+    return "\n".join(lines)
+
+
+def render_status(views: list[dict[str, Any]], detailed: bool) -> None:
+    if not views:
+        _write("no jobs yet: orchestrate launch cluster.toml")
+        return
+    rows = []
+    for v in views:
+        running = sum(1 for t in v["tasks"] if TaskState(t["state"]).is_running())
+        state = v["state"]
+        if v["supervisor"]["alive"] is False:
+            state += " (supervisor gone: orchestrate attach)"
+        rows.append(
+            [
+                v["id"],
+                state,
+                v["backend"],
+                f"{running}/{len(v['tasks'])}",
+                str(v["restarts"]),
+                f"{v['wall_seconds']:.0f}s",
+                v["last_cause"] or "-",
+            ]
+        )
+    _write(table(["JOB", "STATE", "BACKEND", "RUNNING", "RESTARTS", "WALL", "LAST CAUSE"], rows))
+    if not detailed:
+        return
+    for v in views:
+        rows = [
+            [
+                f"{t['type']}-{t['index']}",
+                t["host"],
+                t["address"],
+                t["state"] + (f" ({t['exit_code']})" if t["exit_code"] else ""),
+                t["phase"] or "-",
+                str(t["pid"] or "-"),
+                f"{t['epoch']}/{t['total_epochs']}" if t["total_epochs"] else str(t["epoch"]),
+                _step_cell(t),
+                "-" if t["loss"] is None else f"{t['loss']:.4f}",
+                "-" if t["steps_per_sec"] is None else f"{t['steps_per_sec']:.1f}",
+                _duration(t["eta_seconds"]),
+                "-" if t["heartbeat_age"] is None else f"{t['heartbeat_age']:.1f}s ago",
+            ]
+            for t in v["tasks"]
+        ]
+        headers = [
+            "TASK",
+            "HOST",
+            "ADDRESS",
+            "STATE",
+            "PHASE",
+            "PID",
+            "EPOCH",
+            "STEP",
+            "LOSS",
+            "STEPS/S",
+            "ETA",
+            "HEARTBEAT",
+        ]
+        _write()
+        _write(table(headers, rows))
+
+
+def render_report(data: dict[str, Any]) -> None:
+    """`orchestrate report JOB`: the report.json of a job, as text."""
+    _write(f"job {data['job']}: {data['state']} in {data['wall_seconds']:.0f}s, "
+          f"{data['restarts']} restart(s)")  # fmt: skip
+    for cause in data["restart_causes"]:
+        _write(f"  restart: {cause}")
+    rows = [
+        [f"worker-{i}", t["host"], t["state"], str(t["epoch"]), str(t["steps"]),
+         "-" if t["loss"] is None else f"{t['loss']:.4f}",
+         "-" if t["median_steps_per_sec"] is None else f"{t['median_steps_per_sec']:.1f}"]
+        for i, t in data["tasks"].items()
+    ]  # fmt: skip
+    _write(table(["TASK", "HOST", "STATE", "EPOCH", "STEPS", "LOSS", "STEPS/S (median)"], rows))
+    if data["metrics"]:
+        _write("metrics: " + ", ".join(f"{k}={v}" for k, v in data["metrics"].items()))
+    _write(f"chart: {data['chart']['path']}")
