@@ -1,0 +1,335 @@
+"""scripts/bench.py's measurements: each runs real processes (orchestrate, hand-started
+workers, the SSH test bed) and returns figures; the suite puts them into rows."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+TRAINER = REPO / "scripts" / "bench_trainer.py"
+PLAIN_TRAINER = REPO / "scripts" / "bench_plain_trainer.py"
+FAKE = REPO / "tests" / "fixtures" / "fake_trainer.py"
+PY = sys.executable
+
+
+def free_ports(count: int) -> list[int]:
+    socks = [socket.socket() for _ in range(count)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def peak_rss_kb(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def launch_and_watch_peak(
+    config: Path, home: Path, pids: Callable[[subprocess.Popen[bytes]], list[int]]
+) -> tuple[float, int]:
+    """Run `orchestrate launch CONFIG` to its end; the largest peak RSS (MB) among pids(proc)."""
+    proc = subprocess.Popen(
+        [PY, "-m", "orchestrator", "launch", str(config)],
+        env=orch_env(home),
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    peak = 0
+    while proc.poll() is None:
+        peak = max([peak, *(peak_rss_kb(pid) for pid in pids(proc))])
+        time.sleep(0.05)
+    return peak / 1024, proc.returncode
+
+
+def processes_running(path: Path) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if str(path).encode() in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                pass
+    return found
+
+
+def bench_lines(text: str) -> tuple[float | None, list[float]]:
+    """First-step wall time (the latest over the workers) and every epoch's steps/s."""
+    firsts, rates = [], []
+    for line in text.splitlines():
+        _, _, rest = line.partition("BENCH ")
+        if rest.startswith("first_step "):
+            firsts.append(float(rest.split()[1]))
+        elif rest.startswith("epoch "):
+            rates.append((int(rest.split()[1]), float(rest.split()[2])))
+    return (max(firsts) if firsts else None), [r for _, r in rates]
+
+
+def middle_rate(rates_per_worker: list[tuple[int, float]], epochs: int) -> float:
+    keep = [r for e, r in rates_per_worker if 2 < e <= epochs - 1]
+    return statistics.median(keep)
+
+
+def epoch_rates(text: str) -> list[tuple[int, float]]:
+    out = []
+    for line in text.splitlines():
+        _, _, rest = line.partition("BENCH ")
+        if rest.startswith("epoch "):
+            out.append((int(rest.split()[1]), float(rest.split()[2])))
+    return out
+
+
+def local_config(root: Path, epochs: int, extra: str = "") -> Path:
+    path = root / f"bench-{epochs}.toml"
+    path.write_text(
+        f"""
+[job]
+name = "bench"
+shared_dir = "{root / "shared"}"
+
+[entrypoint]
+script = "{TRAINER}"
+args = ["--epochs", "{epochs}"]
+env = {{ TF_CPP_MIN_LOG_LEVEL = "2" }}
+workdir = "{REPO}"
+
+[backend]
+type = "local"
+workers = 2
+
+[restart]
+backoff = 0.0
+{extra}
+"""
+    )
+    return path
+
+
+def orch_env(home: Path) -> dict[str, str]:
+    return {**os.environ, "ORCHESTRATE_HOME": str(home)}
+
+
+def status_json(home: Path, job: str | None = None) -> dict:
+    out = subprocess.run(
+        [PY, "-m", "orchestrator", "status", *([job] if job else []), "--json"],
+        capture_output=True,
+        text=True,
+        env=orch_env(home),
+        cwd=REPO,
+        check=True,
+    )
+    return json.loads(out.stdout)
+
+
+def wait(predicate: Callable[[], object], timeout: float, interval: float = 0.1) -> object:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise TimeoutError("benchmark condition not reached")
+
+
+# --- P2 / P3: cold start and throughput ------------------------------------------------------
+
+
+def raw_run(
+    root: Path, epochs: int, kill_at_epoch: int | None = None, raw_callbacks: bool = True
+) -> dict[str, float]:
+    """Two workers started by hand: TF_CONFIG set, a plain script, no launcher."""
+    ports = free_ports(2)
+    cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
+    job_dir = Path(tempfile.mkdtemp(dir=root, prefix="raw-"))
+    logs = [job_dir / f"w{i}.log" for i in range(2)]
+    t0 = time.time()
+    procs = []
+    for i in range(2):
+        env = {
+            **os.environ,
+            "TF_USE_LEGACY_KERAS": "1",
+            "TF_CPP_MIN_LOG_LEVEL": "2",
+            "ORCHESTRATE_JOB_DIR": str(job_dir),
+            "TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}}),
+        }
+        with open(logs[i], "wb") as log:
+            procs.append(
+                subprocess.Popen(
+                    [PY, str(TRAINER), "--epochs", str(epochs), "--raw"],
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    cwd=REPO,
+                )
+            )
+    result: dict[str, float] = {}
+    try:
+        if kill_at_epoch is not None:
+            wait(
+                lambda: (
+                    len([r for r in epoch_rates(logs[1].read_text()) if r[0] >= kill_at_epoch]) > 0
+                ),
+                120,
+            )
+            killed = time.time()
+            procs[1].kill()
+            try:
+                procs[0].wait(timeout=90)
+                result["survivor_exit"] = time.time() - killed
+            except subprocess.TimeoutExpired:
+                result["survivor_exit"] = 90.0  # still hung: report the cap
+            return result
+        for p in procs:
+            p.wait(timeout=300)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    text = "\n".join(log.read_text() for log in logs)
+    first, _ = bench_lines(text)
+    assert first is not None, text[-2000:]
+    result["first_step"] = first - t0
+    result["throughput"] = middle_rate(epoch_rates(text), epochs)
+    return result
+
+
+def launch(config: Path, home: Path) -> str:
+    """`orchestrate launch CONFIG` in the foreground, to success; its output."""
+    proc = subprocess.run(
+        [PY, "-m", "orchestrator", "launch", str(config)],
+        capture_output=True,
+        text=True,
+        env=orch_env(home),
+        cwd=REPO,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return proc.stdout
+
+
+def orchestrate_run(root: Path, home: Path, epochs: int) -> dict[str, float]:
+    t0 = time.time()
+    out = launch(local_config(root, epochs), home)
+    first, _ = bench_lines(out)
+    assert first is not None
+    return {"first_step": first - t0, "throughput": middle_rate(epoch_rates(out), epochs)}
+
+
+def plain_run(root: Path, home: Path, epochs: int, instrument: bool) -> float:
+    """P9: a plain fit script (nothing of ours imported) under orchestrate, with or without
+    the bootstrap; its middle epochs' steps/s."""
+    config = root / f"plain-{instrument}.toml"
+    backup = root / "shared" / f"plain-backup-{time.monotonic_ns()}"
+    config.write_text(
+        f"""
+[job]
+name = "bench-plain"
+shared_dir = "{root / "shared"}"
+
+[entrypoint]
+script = "{PLAIN_TRAINER}"
+args = ["--epochs", "{epochs}", "--backup-dir", "{backup}"]
+env = {{ TF_CPP_MIN_LOG_LEVEL = "2" }}
+instrument = {str(instrument).lower()}
+
+[backend]
+type = "local"
+workers = 2
+"""
+    )
+    return middle_rate(epoch_rates(launch(config, home)), epochs)
+
+
+def callback_ab(root: Path, rounds: int) -> list[tuple[float, float]]:
+    """P9b: one process alternates fit calls without and with the callbacks the bootstrap adds
+    to a plain script's fit: (without, with) steps/s per round. Same process, same warm state:
+    the machine's noise between processes drops out."""
+    env = {**os.environ, "TF_USE_LEGACY_KERAS": "1", "TF_CPP_MIN_LOG_LEVEL": "3"}
+    env.pop("TF_CONFIG", None)
+    proc = subprocess.run(
+        [PY, str(PLAIN_TRAINER), "--backup-dir", str(root), "--ab", str(rounds)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    pairs = []
+    for line in proc.stdout.splitlines():
+        if line.startswith("BENCH ab "):
+            without, with_ours = map(float, line.split()[2:4])
+            pairs.append((without, with_ours))
+    return pairs
+
+
+# --- P4 / P5: failure detection and recovery ------------------------------------------------
+
+
+def orchestrate_kill(root: Path, home: Path, epochs: int) -> dict[str, float]:
+    config = local_config(root, epochs)
+    env = orch_env(home)
+    out = subprocess.run(
+        [PY, "-m", "orchestrator", "launch", "--detach", str(config)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        check=True,
+    )
+    job_id = out.stdout.split()[1]
+
+    def training() -> dict | None:
+        job = status_json(home, job_id)["jobs"][0]
+        return job if all(t["epoch"] >= 3 for t in job["tasks"]) else None
+
+    job = wait(training, 120)
+    killed = time.time()
+    os.kill(job["tasks"][1]["pid"], signal.SIGKILL)  # type: ignore[index]
+
+    def resumed() -> dict | None:
+        job = status_json(home, job_id)["jobs"][0]
+        ok = all(t["attempt"] == 1 and t["first_step_at"] for t in job["tasks"])
+        return job if ok else None
+
+    job = wait(resumed, 120)
+    failure = next(e["ts"] for e in job["events"] if e["kind"] == "failure")  # type: ignore[index]
+    # The new attempt's first step, as each trainer itself printed it (as P2 measures it).
+    firsts = []
+    for i in (0, 1):
+        log = Path(job["job_dir"]) / "logs" / f"worker-{i}.log"  # type: ignore[index]
+        stamps = [
+            float(line.split()[2])
+            for line in log.read_text().splitlines()
+            if line.startswith("BENCH first_step ")
+        ]
+        firsts.append(stamps[-1])
+    first = max(firsts)
+    subprocess.run(
+        [PY, "-m", "orchestrator", "stop", job_id],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        check=True,
+    )
+    return {"stopping": failure - killed, "resumed": first - killed}
