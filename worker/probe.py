@@ -16,6 +16,8 @@ import os
 import socket
 import sys
 
+from worker.spec import HOST_PROTOCOL
+
 
 def _version(dist: str) -> str | None:
     """A distribution's version. Looks for its .dist-info directory on sys.path first (a few
@@ -37,13 +39,6 @@ def _version(dist: str) -> str | None:
         return metadata.version(dist)
     except metadata.PackageNotFoundError:
         return None
-
-
-# The host helper's request set and the worker spec it starts agents with. The coordinator
-# refuses a host whose worker package answers with another (an older orchestrate installed
-# there): bump it when an operation or the spec (worker.spec.SPEC_VERSION) changes.
-# 3: the spec gained `instrument` (the bootstrap).
-HOST_PROTOCOL = 3
 
 
 def free_ports(count: int) -> list[int]:

@@ -1,8 +1,9 @@
 """Process control on a worker host, shared by every transport: which pids are alive (zombies
 are not), and stopping a whole process group (SIGTERM, grace, SIGKILL).
 
-The local transport calls these functions directly; remote transports run
-`python -m worker.proctl alive PID...` or `python -m worker.proctl stop PGID GRACE`.
+The local transport calls these functions directly; on a remote host the host helper
+(worker.hostd, one per SSH connection) calls them for its `alive`, `observe` and `stop`
+requests.
 """
 
 from __future__ import annotations

@@ -14,6 +14,10 @@ from worker.atomic import write_bytes_atomic, write_json_atomic
 __all__ = ["write_bytes_atomic", "write_json_atomic"]  # re-exported: part of the contract
 
 SPEC_VERSION = 2
+# The host helper's request set and the spec it starts agents with. The coordinator refuses a
+# host whose worker package answers with another (an older orchestrate installed there): bump
+# it when a helper operation or the spec changes. 3: the spec gained `instrument`.
+HOST_PROTOCOL = 3
 _D = TypeVar("_D")
 
 # Environment a trainer sees, besides TF_CONFIG and the user's env.
