@@ -18,9 +18,11 @@ from typing import Annotated, Any
 import typer
 
 from orchestrator.errors import OrchestrateError, UsageError, exit_code_for
-from orchestrator.states import JobState, TaskState
+from orchestrator.jobs import alive_job_processes, stop_without_supervisor, supervisor_alive
+from orchestrator.paths import collected_dir, job_home, log_copies_dir, report_json, supervisor_log
+from orchestrator.states import JobState
 from orchestrator.store import JobRecord, Store
-from orchestrator.views import job_view, render_report, render_status, supervisor_alive
+from orchestrator.views import job_view, render_report, render_status
 
 app = typer.Typer(
     name="orchestrate",
@@ -73,7 +75,7 @@ def launch(
     if dry_run:
         _print_dry_run(cfg)
         return
-    from orchestrator.supervisor import register_job
+    from orchestrator.jobs import register_job
 
     store = Store()
     job = register_job(store, cfg, str(config))
@@ -81,9 +83,9 @@ def launch(
         _launch_detached(store, job)
         return
     from orchestrator.logstream import LineSink
-    from orchestrator.supervisor import Supervisor, job_home
+    from orchestrator.supervisor import Supervisor
 
-    sink = LineSink(job_home(job.id) / "logs", sys.stdout, verbose)
+    sink = LineSink(log_copies_dir(job.id), sys.stdout, verbose)
     supervisor = Supervisor(store, job, cfg, sink)
     supervisor.install_signal_handlers()
     state = supervisor.run()
@@ -113,10 +115,9 @@ def _print_dry_run(cfg: Any) -> None:
 
 
 def _launch_detached(store: Store, job: JobRecord) -> None:
-    from orchestrator.supervisor import job_home
     from orchestrator.transport.local import LocalTransport
 
-    log = job_home(job.id) / "supervisor.log"
+    log = supervisor_log(job.id)
     pid = LocalTransport().start_detached(
         [sys.executable, "-m", "orchestrator", "supervise", job.id], log_path=str(log)
     )
@@ -141,12 +142,11 @@ def report(
     """A job's run report: wall time, restarts and causes, per-task steps/s, final metrics, and a
     chart of loss and throughput per task (PNG)."""
     from orchestrator.report import write_report
-    from orchestrator.supervisor import job_home
 
     store = Store()
     job = store.get_job(job_ref)
     write_report(store, job, job_home(job.id))
-    data = json.loads((job_home(job.id) / "report.json").read_text())
+    data = json.loads(report_json(job.id).read_text())
     if as_json:
         _echo(json.dumps(data, indent=2))
         return
@@ -173,13 +173,11 @@ def tensorboard(
     """Serve TensorBoard on a job's log directory (every task logs to its own run)."""
     import socket as _socket
 
-    from orchestrator.supervisor import job_home
-
     store = Store()
     job = store.get_job(job_ref)
     logdir = Path(job.job_dir) / "tensorboard"
     if not logdir.is_dir():  # the shared directory is not mounted here: use collected copies
-        logdir = job_home(job.id) / "collected" / "tensorboard"
+        logdir = collected_dir(job.id) / "tensorboard"
     if not logdir.is_dir():
         raise UsageError(
             f"job {job.id} has no TensorBoard logs here (tried {job.job_dir}/tensorboard)"
@@ -202,12 +200,12 @@ def supervise(job_ref: JobArg) -> None:
     """Supervise a registered job (the background half of `launch --detach`)."""
     from orchestrator.config import ClusterConfig
     from orchestrator.logstream import LineSink
-    from orchestrator.supervisor import Supervisor, job_home
+    from orchestrator.supervisor import Supervisor
 
     store = Store()
     job = store.get_job(job_ref)
     cfg = ClusterConfig.model_validate_json(job.config_json)
-    sink = LineSink(job_home(job.id) / "logs", console=sys.stdout)
+    sink = LineSink(log_copies_dir(job.id), console=sys.stdout)
     supervisor = Supervisor(store, job, cfg, sink)
     supervisor.install_signal_handlers()
     state = supervisor.run()
@@ -225,7 +223,7 @@ def attach(
     """Adopt a running job whose supervisor is gone, and supervise it to the end."""
     from orchestrator.config import ClusterConfig
     from orchestrator.logstream import LineSink
-    from orchestrator.supervisor import Supervisor, job_home
+    from orchestrator.supervisor import Supervisor
 
     store = Store()
     job = store.get_job(job_ref)
@@ -239,7 +237,7 @@ def attach(
             f"job {job.id} is supervised from host {job.supervisor_host}: attach there"
         )
     cfg = ClusterConfig.model_validate_json(job.config_json)
-    sink = LineSink(job_home(job.id) / "logs", sys.stdout, verbose)
+    sink = LineSink(log_copies_dir(job.id), sys.stdout, verbose)
     supervisor = Supervisor(store, job, cfg, sink)
     supervisor.install_signal_handlers()
     if supervisor.adopt() != JobState.SUCCEEDED:
@@ -281,7 +279,6 @@ def logs(
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing.")] = False,
 ) -> None:
     """Print a job's task logs (the coordinator's durable copies), prefixed by task."""
-    from orchestrator.supervisor import job_home
 
     store = Store()
     job = store.get_job(job_ref)
@@ -292,7 +289,7 @@ def logs(
     from orchestrator.transport.local import LocalTransport
 
     chosen = [t for t in tasks if task is None or t.idx == task]
-    log_dir = job_home(job.id) / "logs"
+    log_dir = log_copies_dir(job.id)
     local = LocalTransport()
     tailers = {t.idx: LogTailer(local, str(log_dir / f"worker-{t.idx}.log")) for t in chosen}
     while True:
@@ -329,47 +326,11 @@ def stop(job_ref: JobArg) -> None:
         while time.monotonic() < deadline and not store.get_job(job.id).state.is_terminal():
             time.sleep(0.1)
     if not store.get_job(job.id).state.is_terminal():
-        _stop_without_supervisor(store, job, cfg)
-    left = _alive_job_processes(store, job.id, cfg)
+        stop_without_supervisor(store, job, cfg)
+    left = alive_job_processes(store, job.id, cfg)
     if left:
         raise OrchestrateError(f"job {job.id}: processes still alive after stop: {sorted(left)}")
     _echo(f"job {job.id} {store.get_job(job.id).state.value}")
-
-
-def _stop_without_supervisor(store: Store, job: JobRecord, cfg: Any) -> None:
-    """The supervisor is gone (or did not answer): stop the agents ourselves."""
-    from orchestrator.backends import open_backend
-    from orchestrator.launcher import AGENT_STOP_MARGIN, AgentRef, stop_agents
-
-    tasks = store.tasks(job.id)
-    agents = [AgentRef(t.idx, t.host_index, t.agent_pid) for t in tasks if t.agent_pid]
-    backend = open_backend(cfg)
-    try:
-        stop_agents(backend, agents, cfg.supervision.stop_grace + AGENT_STOP_MARGIN)
-    finally:
-        backend.close()
-    store.update_tasks(
-        job.id, {t.idx: {"state": TaskState.STOPPED} for t in tasks if not t.state.is_terminal()}
-    )
-    store.update_job(job.id, state=JobState.STOPPED, last_cause="stopped on request")
-    store.add_event(job.id, "stopped", "stopped on request (no supervisor)")
-
-
-def _alive_job_processes(store: Store, job_id: str, cfg: Any) -> set[int]:
-    from orchestrator.backends import open_backend
-
-    by_host: dict[int, list[int]] = {}
-    for t in store.tasks(job_id):
-        pids = [p for p in (t.agent_pid, t.trainer_pid) if p]
-        by_host.setdefault(t.host_index, []).extend(pids)
-    backend = open_backend(cfg)
-    try:
-        alive: set[int] = set()
-        for host_index, pids in by_host.items():
-            alive |= backend.transport(host_index).alive_pids(pids)
-        return alive
-    finally:
-        backend.close()
 
 
 @app.command()
@@ -382,7 +343,7 @@ def collect(
     """Copy a job's per-task logs, final model and metrics to this machine."""
     from orchestrator.backends import open_backend
     from orchestrator.config import ClusterConfig
-    from orchestrator.supervisor import collect_job
+    from orchestrator.jobs import collect_job
 
     store = Store()
     job = store.get_job(job_ref)

@@ -13,8 +13,7 @@ from orchestrator.config import ClusterConfig, LocalBackend, SshBackend
 from orchestrator.errors import LaunchError, OrchestrateError, PreflightError
 from orchestrator.fanout import parallel
 from orchestrator.plan import LaunchPlan, build_plan, fixed_ports, task_slots
-from worker.probe import HOST_PROTOCOL
-from worker.spec import ENV_PROFILE_STEPS, ENV_STRATEGY, JobLayout, WorkerSpec
+from worker.spec import ENV_PROFILE_STEPS, ENV_STRATEGY, HOST_PROTOCOL, JobLayout, WorkerSpec
 
 PROBE_TIMEOUT = 60.0
 AGENT_STOP_MARGIN = 2.0

@@ -1,8 +1,8 @@
 """Pure planning: config -> ordered task slots -> LaunchPlan -> one TF_CONFIG per task. No I/O.
 
-MWMS facts this module encodes (see docs/design): every task gets the identical `cluster` dict,
-built once in cluster.toml order; `task.index` is the position in that list; with no `chief`
-job, worker 0 is chief.
+MWMS facts this module encodes (the README's "How a launch flows"): every task gets the
+identical `cluster` dict, built once in cluster.toml order; `task.index` is the position in
+that list; with no `chief` job, worker 0 is chief.
 """
 
 from __future__ import annotations

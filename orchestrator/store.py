@@ -6,7 +6,6 @@ The database lives in ORCHESTRATE_HOME (default: the user state directory).
 
 from __future__ import annotations
 
-import os
 import sqlite3
 import time
 from collections.abc import Iterator
@@ -16,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import JobNotFoundError, UsageError
+from orchestrator.paths import state_db
 from orchestrator.states import JobState, TaskState
 from worker.spec import Phase, StepSignal
 
-ENV_HOME = "ORCHESTRATE_HOME"
 SCHEMA_VERSION = 2
 
 SCHEMA = """
@@ -99,15 +98,6 @@ _MIGRATIONS = {
         "ALTER TABLE tasks ADD COLUMN epoch_step INTEGER NOT NULL DEFAULT 0",
     ]
 }
-
-
-def orchestrate_home() -> Path:
-    env = os.environ.get(ENV_HOME)
-    if env:
-        return Path(env).expanduser()
-    from platformdirs import user_state_dir  # imported lazily: only when no env is set
-
-    return Path(user_state_dir("orchestrate"))
 
 
 @dataclass(frozen=True)
@@ -200,7 +190,7 @@ def _task(row: sqlite3.Row) -> TaskRecord:
 
 class Store:
     def __init__(self, path: Path | None = None) -> None:
-        self.path = path or orchestrate_home() / "state.db"
+        self.path = path or state_db()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
         self._db.row_factory = sqlite3.Row

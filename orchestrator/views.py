@@ -3,10 +3,10 @@ and as aligned text tables. Pure rendering over store records; no rich on the st
 
 from __future__ import annotations
 
-import socket
 import sys
 from typing import Any
 
+from orchestrator.jobs import supervisor_alive
 from orchestrator.states import TaskState
 from orchestrator.store import JobRecord, TaskRecord
 from worker.spec import Phase, StepSignal, remaining_steps
@@ -14,16 +14,6 @@ from worker.spec import Phase, StepSignal, remaining_steps
 
 def _write(text: str = "") -> None:
     sys.stdout.write(text + "\n")
-
-
-def supervisor_alive(job: JobRecord) -> bool | None:
-    if job.supervisor_pid is None:
-        return False
-    if job.supervisor_host != socket.gethostname():
-        return None  # on another machine: we cannot tell from here
-    from worker.proctl import is_alive
-
-    return is_alive(job.supervisor_pid)
 
 
 def job_view(job: JobRecord, tasks: list[TaskRecord], now: float) -> dict[str, Any]:

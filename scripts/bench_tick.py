@@ -29,11 +29,13 @@ from bench_launch import bench_config
 
 from orchestrator.backends import open_backend
 from orchestrator.config import load_config
+from orchestrator.jobs import register_job
 from orchestrator.launcher import AgentRef
 from orchestrator.logstream import LineSink, LogTailer
 from orchestrator.plan import LaunchPlan, TaskPlan
 from orchestrator.store import Store
-from orchestrator.supervisor import Supervisor, _agents_by_host, _Group, register_job
+from orchestrator.supervisor import Supervisor
+from orchestrator.tick import Group, Watch, agents_by_host
 
 
 def tick_times(config_path: Path, root: Path, ticks: int) -> dict[str, float]:
@@ -47,23 +49,23 @@ def tick_times(config_path: Path, root: Path, ticks: int) -> dict[str, float]:
         job.name, tuple(TaskPlan(i, i, f"host-{i}", f"h{i}", 2222) for i in range(hosts))
     )
     # pid 1 lives on every host; the status files are absent (a task still starting)
-    group = _Group(0, plan, [AgentRef(i, i, 1) for i in range(hosts)])
-    sup._tailers = {
+    group = Group(0, plan, [AgentRef(i, i, 1) for i in range(hosts)])
+    sup.tick.tailers = {
         i: LogTailer(backend.transport(i), str(sup.layout.log_path(i))) for i in range(hosts)
     }
-    by_host = _agents_by_host(group.agents)
-    watch = sup._watch_state
+    by_host = agents_by_host(group.agents)
+    watch = Watch(started=time.monotonic())
     try:
-        sup._observe(group, watch)  # connects every host
+        sup.tick.observe(group, watch)  # connects every host
         at_once, one_by_one = [], []
         for _ in range(ticks):
-            sup._alive_checked_at = float("-inf")  # a liveness check in every tick timed
+            sup.tick.recheck_liveness()  # a liveness check in every tick timed
             t0 = time.perf_counter()
-            sup._observe(group, watch)
+            sup.tick.observe(group, watch)
             at_once.append(time.perf_counter() - t0)
             t0 = time.perf_counter()
             for h, agents in by_host.items():
-                sup._read_host(h, agents, check_alive=True)
+                sup.tick.read_host(h, agents, check_alive=True)
             one_by_one.append(time.perf_counter() - t0)
         transport = backend.transport(0)
         floor = []
@@ -72,7 +74,7 @@ def tick_times(config_path: Path, root: Path, ticks: int) -> dict[str, float]:
             transport.read_file(str(sup.layout.status_path(0)))
             floor.append(time.perf_counter() - t0)
     finally:
-        sup._fanout.close()
+        sup.tick.close()
         backend.close()
     return {
         "at_once": statistics.median(at_once),

@@ -1,14 +1,8 @@
 from __future__ import annotations
 
-from orchestrator.monitor import (
-    FailureKind,
-    TaskObservation,
-    Verdict,
-    decide,
-    failure,
-    plan_restart,
-    task_state_of,
-)
+from orchestrator.monitor import decide, task_state_of
+from orchestrator.observations import FailureKind, TaskObservation, Verdict, failure
+from orchestrator.restart_policy import plan_restart
 from orchestrator.states import JobState, TaskState
 from worker.spec import AgentState, TaskStatus
 
@@ -172,22 +166,22 @@ def test_a_relaunched_group_is_not_judged_by_the_old_groups_liveness() -> None:
     """Regression: liveness was cached for a second; a relaunch within that second looked dead.
     A tick checks liveness when the interval has passed or the group's pids changed."""
     from orchestrator.launcher import AgentRef
-    from orchestrator.supervisor import Supervisor
+    from orchestrator.tick import Tick
 
     class Hosts:
         alive_check_interval = 1.0
 
-    supervisor = Supervisor.__new__(Supervisor)
-    supervisor.backend = Hosts()  # type: ignore[assignment]
-    supervisor._alive_checked_at = float("-inf")
-    supervisor._alive_checked_pids = frozenset()
+    tick = Tick(None, "job", Hosts(), None, None, True)  # type: ignore[arg-type]
     old = [AgentRef(0, 0, 100), AgentRef(1, 0, 101)]
     new = [AgentRef(0, 0, 200), AgentRef(1, 0, 201)]
-    assert supervisor._alive_check_due(old, 10.0)  # never checked
-    assert not supervisor._alive_check_due(old, 10.5)  # checked 0.5 s ago: cached
-    assert supervisor._alive_check_due(new, 10.6)  # new pids: checked at once
-    assert not supervisor._alive_check_due(new, 11.5)
-    assert supervisor._alive_check_due(new, 11.7)  # the interval has passed
+    try:
+        assert tick.alive_check_due(old, 10.0)  # never checked
+        assert not tick.alive_check_due(old, 10.5)  # checked 0.5 s ago: cached
+        assert tick.alive_check_due(new, 10.6)  # new pids: checked at once
+        assert not tick.alive_check_due(new, 11.5)
+        assert tick.alive_check_due(new, 11.7)  # the interval has passed
+    finally:
+        tick.close()
 
 
 def test_watchdog_names_the_signal_that_went_still() -> None:

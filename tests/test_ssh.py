@@ -14,16 +14,18 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from orchestrator.backends.ssh import SshHosts
 from orchestrator.config import SshBackend, load_config
 from orchestrator.errors import LaunchError, TransportError
 from orchestrator.launcher import make_specs, plan_launch, preflight, start_agents
-from orchestrator.transport.ssh import SshHosts, SshTransport
+from orchestrator.transport.ssh import SshTransport
 from tests import test_transport_contract as contract
 from tests.conftest import IN_CI, REPO, CliResult, status_json, wait_for
-from worker.probe import HOST_PROTOCOL
+from worker.spec import HOST_PROTOCOL
 
 sys.path.insert(0, str(REPO / "scripts"))
 import testbed as tb
@@ -243,8 +245,8 @@ def test_a_host_with_another_orchestrate_version_fails_preflight_naming_it(
     # h1's interpreter sees an older worker package first (an older host protocol).
     old = tmp_path / "old-orchestrate"
     shutil.copytree(REPO / "worker", old / "worker")
-    probe = old / "worker" / "probe.py"
-    probe.write_text(re.sub(r"HOST_PROTOCOL = \d+", "HOST_PROTOCOL = 1", probe.read_text()))
+    spec = old / "worker" / "spec.py"
+    spec.write_text(re.sub(r"HOST_PROTOCOL = \d+", "HOST_PROTOCOL = 1", spec.read_text()))
     wrapper = tmp_path / "old-python"
     wrapper.write_text(f'#!/bin/sh\nPYTHONPATH={old} exec {bed.python} "$@"\n')
     wrapper.chmod(0o755)
@@ -282,13 +284,31 @@ def test_a_host_failing_to_start_rolls_back_the_others(bed: tb.Testbed, tmp_path
             started[self.index] = pid
             return pid
 
-    backend._transports = [Starts(t, i) for i, t in enumerate(real)]  # type: ignore[misc,assignment]
+    recorded = [Starts(t, i) for i, t in enumerate(real)]
+
+    class Recorded:  # the real SSH backend, each transport wrapped
+        kind = backend.kind
+        alive_check_interval = backend.alive_check_interval
+
+        def host_count(self) -> int:
+            return backend.host_count()
+
+        def transport(self, i: int) -> Any:
+            return recorded[i]
+
+        def python(self, i: int) -> str:
+            return backend.python(i)
+
+        def close(self) -> None:
+            backend.close()
+
+    hosts = Recorded()
     try:
-        reports = preflight(cfg, backend, "rollback-job")
+        reports = preflight(cfg, hosts, "rollback-job")
         plan = plan_launch(cfg, reports)
-        specs = make_specs(cfg, plan, "rollback-job", 0, backend)
+        specs = make_specs(cfg, plan, "rollback-job", 0, hosts)
         with pytest.raises(LaunchError) as err:
-            start_agents(backend, plan, specs, stop_grace=1.0)
+            start_agents(hosts, plan, specs, stop_grace=1.0)
         message = str(err.value)
         assert "worker-2@h2: h2: injected start failure" in message
         assert "worker-0@h0: started, then stopped" in message

@@ -14,12 +14,14 @@ import pytest
 
 from orchestrator.config import load_config
 from orchestrator.errors import TransportError
+from orchestrator.jobs import register_job
 from orchestrator.launcher import AgentRef
 from orchestrator.logstream import LineSink
 from orchestrator.plan import LaunchPlan, TaskPlan
 from orchestrator.states import TaskState
 from orchestrator.store import Store
-from orchestrator.supervisor import Supervisor, _Group, _Watch, register_job
+from orchestrator.supervisor import Supervisor
+from orchestrator.tick import Group, Watch
 from orchestrator.transport.base import Observation, Transport
 from worker.spec import AgentState, TaskStatus
 
@@ -77,17 +79,17 @@ class MemoryBackend:
         pass
 
 
-def one_task_per_host(supervisor: Supervisor) -> _Group:
+def one_task_per_host(supervisor: Supervisor) -> Group:
     from orchestrator.logstream import LogTailer
 
     plan = LaunchPlan(
         "tick", tuple(TaskPlan(i, i, f"host-{i}", f"10.9.0.{i + 1}", 2222) for i in range(HOSTS))
     )
-    supervisor._tailers = {
+    supervisor.tick.tailers = {
         i: LogTailer(supervisor.backend.transport(i), str(supervisor.layout.log_path(i)))
         for i in range(HOSTS)
     }
-    return _Group(0, plan, [AgentRef(i, i, 1000 + i) for i in range(HOSTS)])
+    return Group(0, plan, [AgentRef(i, i, 1000 + i) for i in range(HOSTS)])
 
 
 @pytest.fixture
@@ -110,9 +112,9 @@ def test_a_tick_reads_every_host_at_once_and_a_failing_host_costs_only_its_tasks
 ) -> None:
     group = one_task_per_host(supervisor)
     try:
-        observations = supervisor._observe(group, _Watch(started=time.monotonic()))
+        observations = supervisor.tick.observe(group, Watch(started=time.monotonic()))
     finally:
-        supervisor._fanout.close()
+        supervisor.tick.close()
 
     assert [o.index for o in observations] == list(range(HOSTS))
     for o in observations:
@@ -124,7 +126,7 @@ def test_a_tick_reads_every_host_at_once_and_a_failing_host_costs_only_its_tasks
             assert not log.exists() or b"hello" not in log.read_bytes()
         else:
             assert log.read_bytes().count(f"hello from host {i}".encode()) == 1
-    assert supervisor._alive_cache == {1000 + i for i in range(HOSTS)}
+    assert supervisor.tick.alive_cache == {1000 + i for i in range(HOSTS)}
     assert [h.calls for h in supervisor.backend.hosts] == [1] * HOSTS  # type: ignore[attr-defined]
 
 
@@ -138,13 +140,13 @@ def test_a_slow_host_does_not_age_the_heartbeats_of_the_hosts_read_beside_it(
     for host in hosts:
         status = TaskStatus(AgentState.RUNNING, seq=1, agent_pid=1000 + host.index)
         host.status = json.dumps(status.to_dict()).encode()
-    watch = _Watch(started=time.monotonic())
+    watch = Watch(started=time.monotonic())
     try:
-        supervisor._observe(group, watch)  # every healthy task's heartbeat seen now
+        supervisor.tick.observe(group, watch)  # every healthy task's heartbeat seen now
         hosts[DOWN].hang = 2.0
-        observations = supervisor._observe(group, watch)  # no new heartbeat: the same seq
+        observations = supervisor.tick.observe(group, watch)  # no new heartbeat: the same seq
     finally:
-        supervisor._fanout.close()
+        supervisor.tick.close()
     for o in observations:
         assert o.heartbeat_age is not None
         if o.index != DOWN:

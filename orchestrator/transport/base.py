@@ -42,8 +42,9 @@ class Transport(Protocol):
 
     def worker_call(self, op: str, args: dict[str, Any], timeout: float | None = None) -> Any:
         """Run one operation of the worker package's host helper (worker.hostd.handle) on the
-        host: probe, read_tokens, alive, stop, start, remove. Remote transports keep one helper
-        process per connection, so a call is one round trip; raise TransportError on failure."""
+        host: probe, read_tokens, alive, observe, stop, start, remove. Remote transports keep one
+        helper process per connection, so a call is one round trip; raise TransportError on
+        failure."""
         ...
 
     def run(

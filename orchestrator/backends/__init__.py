@@ -6,12 +6,10 @@ cluster.toml entry. A scheduler backend (Slurm) would hand out hosts the same wa
 
 from __future__ import annotations
 
-import sys
 from typing import Protocol
 
 from orchestrator.config import ClusterConfig, LocalBackend, SshBackend
 from orchestrator.transport.base import Transport
-from orchestrator.transport.local import LocalTransport
 
 
 class Backend(Protocol):
@@ -28,31 +26,12 @@ class Backend(Protocol):
     def close(self) -> None: ...
 
 
-class LocalHosts:
-    kind = "local"
-    alive_check_interval = 0.0
-
-    def __init__(self, config: LocalBackend) -> None:
-        self._python = config.python or sys.executable
-        self._transport = LocalTransport("local", self._python)
-
-    def host_count(self) -> int:
-        return 1
-
-    def transport(self, host_index: int) -> Transport:
-        return self._transport
-
-    def python(self, host_index: int) -> str:
-        return self._python
-
-    def close(self) -> None:
-        self._transport.close()
-
-
 def open_backend(config: ClusterConfig) -> Backend:
     if isinstance(config.backend, LocalBackend):
+        from orchestrator.backends.local import LocalHosts
+
         return LocalHosts(config.backend)
     assert isinstance(config.backend, SshBackend)
-    from orchestrator.transport.ssh import SshHosts  # paramiko is imported only for SSH jobs
+    from orchestrator.backends.ssh import SshHosts  # paramiko is imported only for SSH jobs
 
     return SshHosts(config.backend)

@@ -1,4 +1,4 @@
-"""The SSH transport: the only module that imports fabric/paramiko.
+"""SshTransport: one host, one reused SSH connection.
 
 - argv lists are quoted once, here, with shlex.join;
 - one connection per host, reused, opened on a socket we create with TCP_NODELAY (paramiko does
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import json
 import shlex
 import socket
 import stat
@@ -29,119 +28,13 @@ from fabric import Connection
 
 from orchestrator.config import SshBackend, SshHost
 from orchestrator.errors import TransportError
-from orchestrator.transport.base import CommandResult, Observation, Transport
+from orchestrator.transport.base import CommandResult, Observation
+from orchestrator.transport.ssh.helper import HelperClient, HelperTimeout
+from orchestrator.transport.ssh.host_keys import HostKeyPolicy, UnknownHostKeyError, fingerprint
 
 _T = TypeVar("_T")
 KEEPALIVE_SECONDS = 5
-_NETWORK_ERRORS = (OSError, EOFError, paramiko.SSHException)
-
-
-class UnknownHostKeyError(paramiko.SSHException):
-    pass
-
-
-def _fingerprint(key: paramiko.PKey) -> str:
-    return f"{key.get_name()} SHA256:{key.fingerprint.split(':', 1)[-1]}"
-
-
-class _HostKeyPolicy(paramiko.MissingHostKeyPolicy):
-    """Unknown key: refuse, saying how to trust it; or (opt-in) record it. A changed key never
-    reaches this policy: paramiko raises BadHostKeyException first."""
-
-    def __init__(self, known_hosts: Path, trust_unknown: bool, lock: threading.Lock) -> None:
-        self.known_hosts = known_hosts
-        self.trust_unknown = trust_unknown
-        self.lock = lock
-
-    def missing_host_key(
-        self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey
-    ) -> None:
-        if not self.trust_unknown:
-            host, _, port = hostname.strip("[").partition("]:")
-            scan = f"ssh-keyscan {'-p ' + port + ' ' if port else ''}{host}"
-            raise UnknownHostKeyError(
-                f"unknown host key {_fingerprint(key)} for {hostname}, not in {self.known_hosts}; "
-                f"check it, then trust it with `{scan} >> {self.known_hosts}` "
-                "(or set backend.trust_unknown_hosts = true)"
-            )
-        client.get_host_keys().add(hostname, key.get_name(), key)
-        with self.lock:  # several hosts may be trusted at once: one writer at a time
-            keys = paramiko.HostKeys()
-            if self.known_hosts.exists():
-                keys.load(str(self.known_hosts))
-            keys.add(hostname, key.get_name(), key)
-            self.known_hosts.parent.mkdir(parents=True, exist_ok=True)
-            keys.save(str(self.known_hosts))
-
-
-class _HelperTimeout(TransportError):
-    """The host helper gave no answer in time."""
-
-
-class _Helper:
-    """The host helper (`python -m worker.hostd`) on one exec channel: JSON-line requests out,
-    replies matched by id. Started once per connection."""
-
-    def __init__(self, channel: paramiko.Channel, label: str, ready_timeout: float) -> None:
-        self.channel = channel
-        self.label = label
-        self._lock = threading.Lock()
-        self._next = 0
-        self._waiting: dict[int, tuple[threading.Event, list[Any]]] = {}
-        self._closed = False
-        self._reader = channel.makefile("rb")
-        ready = self._reader.readline()
-        if not ready.startswith(b'{"ready"'):
-            err = channel.makefile_stderr("rb").read().decode(errors="replace").strip()
-            raise TransportError(
-                f"{label}: cannot start the worker helper (is orchestrate installed for the "
-                f"configured python?): {(err or ready.decode(errors='replace'))[-300:]}"
-            )
-        threading.Thread(target=self._read, name=f"hostd-{label}", daemon=True).start()
-
-    def _read(self) -> None:
-        try:
-            for line in self._reader:
-                reply = json.loads(line)
-                with self._lock:
-                    waiter = self._waiting.pop(reply.get("id"), None)
-                if waiter is not None:
-                    waiter[1].append(reply)
-                    waiter[0].set()
-        except (OSError, EOFError, ValueError, paramiko.SSHException):
-            pass
-        with self._lock:
-            self._closed = True
-            waiting, self._waiting = self._waiting, {}
-        for event, _ in waiting.values():
-            event.set()  # no reply: the caller sees the channel closed
-
-    def call(self, op: str, args: dict[str, Any], timeout: float) -> Any:
-        event: threading.Event = threading.Event()
-        slot: list[Any] = []
-        with self._lock:
-            if self._closed:
-                raise EOFError("worker helper channel closed")
-            self._next += 1
-            request_id = self._next
-            self._waiting[request_id] = (event, slot)
-            self.channel.sendall(
-                json.dumps({"id": request_id, "op": op, "args": args}).encode() + b"\n"
-            )
-        if not event.wait(timeout):
-            with self._lock:
-                self._waiting.pop(request_id, None)
-            raise _HelperTimeout(f"{self.label}: {op} timed out after {timeout:g}s")
-        if not slot:
-            raise EOFError("worker helper channel closed")
-        reply = slot[0]
-        if not reply.get("ok"):
-            raise TransportError(f"{self.label}: {op} failed: {reply.get('error')}")
-        return reply.get("result")
-
-    @property
-    def closed(self) -> bool:
-        return self._closed or self.channel.closed
+NETWORK_ERRORS = (OSError, EOFError, paramiko.SSHException)
 
 
 class SshTransport:
@@ -157,14 +50,14 @@ class SshTransport:
         self.host_label = host.label
         self.backend = backend
         self.known_hosts = (backend.known_hosts or Path("~/.ssh/known_hosts")).expanduser()
-        self._policy = _HostKeyPolicy(
+        self._policy = HostKeyPolicy(
             self.known_hosts, backend.trust_unknown_hosts, known_hosts_lock or threading.Lock()
         )
         self._lock = threading.Lock()
         self._sftp_lock = threading.Lock()
         self._conn: Connection | None = None
         self._sftp: paramiko.SFTPClient | None = None
-        self._helper: _Helper | None = None
+        self._helper: HelperClient | None = None
         self._helper_lock = threading.Lock()
         self.python = host.python or backend.python
 
@@ -207,8 +100,8 @@ class SshTransport:
             conn.close()
             raise TransportError(
                 f"{self.host_label}: host key for {conn.host} has CHANGED "
-                f"(now {_fingerprint(exc.key)}, {self.known_hosts} has "
-                f"{_fingerprint(exc.expected_key)}); refusing to connect. If the change is "
+                f"(now {fingerprint(exc.key)}, {self.known_hosts} has "
+                f"{fingerprint(exc.expected_key)}); refusing to connect. If the change is "
                 f"expected, remove the old key: ssh-keygen -R {conn.host} -f {self.known_hosts}"
             ) from None
         except UnknownHostKeyError as exc:
@@ -225,7 +118,7 @@ class SshTransport:
                 f"{self.host_label}: cannot connect to {where}: timed out after "
                 f"{backend.connect_timeout:g}s"
             ) from None
-        except _NETWORK_ERRORS as exc:
+        except NETWORK_ERRORS as exc:
             conn.close()
             raise TransportError(f"{self.host_label}: cannot connect to {where}: {exc}") from None
         transport = conn.client.get_transport()
@@ -254,11 +147,11 @@ class SshTransport:
         """Run an idempotent action; if the connection broke, reconnect and try once more."""
         try:
             return action()
-        except _NETWORK_ERRORS:
+        except NETWORK_ERRORS:
             self.close()
         try:
             return action()
-        except _NETWORK_ERRORS as exc:
+        except NETWORK_ERRORS as exc:
             self.close()
             raise TransportError(f"{self.host_label}: {what} failed: {exc}") from None
 
@@ -320,7 +213,7 @@ class SshTransport:
         command = self.command_line(argv, env)
         try:
             code, out, err = self._exec(command, stdin, timeout)
-        except _NETWORK_ERRORS as exc:
+        except NETWORK_ERRORS as exc:
             self.close()
             raise TransportError(f"{self.host_label}: running {argv[0]} failed: {exc}") from None
         return CommandResult(self.host_label, tuple(argv), code, out, err)
@@ -341,7 +234,7 @@ class SshTransport:
             args["file"] = [stdin_file[0], stdin_file[1].decode("latin-1")]  # bytes, losslessly
         try:
             return int(self._helper_call("start", args, self.backend.command_timeout))
-        except _NETWORK_ERRORS as exc:
+        except NETWORK_ERRORS as exc:
             self.close()
             raise TransportError(f"{self.host_label}: starting {argv[0]} failed: {exc}") from None
 
@@ -411,20 +304,20 @@ class SshTransport:
         return self._with_sftp(f"reading {path}", read)
 
     # --- the host helper -------------------------------------------------------------
-    def _get_helper(self) -> _Helper:
+    def _get_helper(self) -> HelperClient:
         with self._helper_lock:
             if self._helper is None or self._helper.closed:
                 transport = self._connect()
                 channel = transport.open_session(timeout=self.backend.connect_timeout)
                 channel.settimeout(None)
                 channel.exec_command(self.command_line([self.python, "-m", "worker.hostd"]))
-                self._helper = _Helper(channel, self.host_label, self.backend.connect_timeout)
+                self._helper = HelperClient(channel, self.host_label, self.backend.connect_timeout)
             return self._helper
 
     def _helper_call(self, op: str, args: dict[str, Any], timeout: float) -> Any:
         try:
             return self._get_helper().call(op, args, timeout)
-        except _HelperTimeout:
+        except HelperTimeout:
             # No answer in time: the host or the link is gone. Drop the connection so the next
             # call reconnects (and fails fast while the host is away) rather than waiting out
             # its own timeout on a dead socket.
@@ -464,28 +357,3 @@ def _sftp_makedirs(sftp: paramiko.SFTPClient, path: str) -> None:
             sftp.stat(str(current))
         except FileNotFoundError:
             sftp.mkdir(str(current), mode=0o700)
-
-
-class SshHosts:
-    """The SSH backend: one transport per cluster.toml host, connections opened on first use."""
-
-    kind = "ssh"
-
-    def __init__(self, config: SshBackend) -> None:
-        lock = threading.Lock()
-        self._transports = [SshTransport(h, config, lock) for h in config.hosts]
-        self._pythons = [h.python or config.python for h in config.hosts]
-        self.alive_check_interval = 1.0  # each check is a remote command: not every tick
-
-    def host_count(self) -> int:
-        return len(self._transports)
-
-    def transport(self, host_index: int) -> Transport:
-        return self._transports[host_index]
-
-    def python(self, host_index: int) -> str:
-        return self._pythons[host_index]
-
-    def close(self) -> None:
-        for transport in self._transports:
-            transport.close()

@@ -1,0 +1,48 @@
+"""The job state machine: which state may follow which, and the one place a supervisor writes a
+job's state to the store (with whatever else changes in the same step)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from orchestrator.errors import OrchestrateError
+from orchestrator.states import JobState
+from orchestrator.store import Store
+
+_ENDINGS = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.STOPPED})
+
+# A supervisor that adopts a job (`attach`) takes it over in whatever live state its dead
+# supervisor left, so RUNNING may follow any state that is not terminal.
+LEGAL: dict[JobState, frozenset[JobState]] = {
+    JobState.PENDING: frozenset({JobState.LAUNCHING, JobState.RUNNING}) | _ENDINGS,
+    JobState.LAUNCHING: frozenset({JobState.RUNNING, JobState.STOPPING}) | _ENDINGS,
+    JobState.RUNNING: frozenset({JobState.RUNNING, JobState.STOPPING}) | _ENDINGS,
+    JobState.STOPPING: frozenset({JobState.RESTARTING, JobState.RUNNING}) | _ENDINGS,
+    JobState.RESTARTING: frozenset({JobState.RUNNING, JobState.STOPPING}) | _ENDINGS,
+    JobState.SUCCEEDED: frozenset(),
+    JobState.FAILED: frozenset(),
+    JobState.STOPPED: frozenset(),
+}
+
+
+class IllegalTransition(OrchestrateError):
+    """A bug: a state change the job state machine does not allow."""
+
+
+def check_transition(current: JobState, new: JobState) -> None:
+    if new not in LEGAL[current]:
+        raise IllegalTransition(f"job state {current.value} cannot become {new.value}")
+
+
+class JobStateMachine:
+    """A job's state as its supervisor moves it; every change is checked, then stored."""
+
+    def __init__(self, store: Store, job_id: str) -> None:
+        self.store = store
+        self.job_id = job_id
+        self.state = store.get_job(job_id).state
+
+    def to(self, new: JobState, **fields: Any) -> None:
+        check_transition(self.state, new)
+        self.store.update_job(self.job_id, state=new, **fields)
+        self.state = new
