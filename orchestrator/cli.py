@@ -328,8 +328,14 @@ def stop(job_ref: JobArg) -> None:
     if not store.get_job(job.id).state.is_terminal():
         stop_without_supervisor(store, job, cfg)
     left = alive_job_processes(store, job.id, cfg)
-    if left:
-        raise OrchestrateError(f"job {job.id}: processes still alive after stop: {sorted(left)}")
+    if not left.ok:
+        labels = {t.host_index: t.host for t in store.tasks(job.id)}
+        raise OrchestrateError(
+            f"job {job.id}: cannot check its hosts after stop: "
+            + left.describe_failures(lambda h: labels.get(h, str(h)))
+        )
+    if alive := set().union(*left.values()):
+        raise OrchestrateError(f"job {job.id}: processes still alive after stop: {sorted(alive)}")
     _echo(f"job {job.id} {store.get_job(job.id).state.value}")
 
 

@@ -18,6 +18,7 @@ from orchestrator.store import JobRecord, Store, TaskRecord
 if TYPE_CHECKING:
     from orchestrator.backends import Backend
     from orchestrator.config import ClusterConfig
+    from orchestrator.fanout import HostResults
 
 
 def new_job_id(name: str) -> str:
@@ -103,8 +104,10 @@ def stop_without_supervisor(store: Store, job: JobRecord, cfg: Any) -> None:
     store.add_event(job.id, "stopped", "stopped on request (no supervisor)")
 
 
-def alive_job_processes(store: Store, job_id: str, cfg: Any) -> set[int]:
+def alive_job_processes(store: Store, job_id: str, cfg: Any) -> HostResults[int, set[int]]:
+    """Per host index, which of the job's recorded agent and trainer pids still live there."""
     from orchestrator.backends import open_backend
+    from orchestrator.fanout import each
 
     by_host: dict[int, list[int]] = {}
     for t in store.tasks(job_id):
@@ -112,9 +115,6 @@ def alive_job_processes(store: Store, job_id: str, cfg: Any) -> set[int]:
         by_host.setdefault(t.host_index, []).extend(pids)
     backend = open_backend(cfg)
     try:
-        alive: set[int] = set()
-        for host_index, pids in by_host.items():
-            alive |= backend.transport(host_index).alive_pids(pids)
-        return alive
+        return each(by_host, lambda h: backend.transport(h).alive_pids(by_host[h]))
     finally:
         backend.close()

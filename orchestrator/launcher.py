@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from orchestrator.backends import Backend
 from orchestrator.config import ClusterConfig, LocalBackend, SshBackend
 from orchestrator.errors import LaunchError, OrchestrateError, PreflightError
-from orchestrator.fanout import parallel
+from orchestrator.fanout import HostResults, each
 from orchestrator.plan import LaunchPlan, build_plan, fixed_ports, task_slots
 from worker.spec import ENV_PROFILE_STEPS, ENV_STRATEGY, HOST_PROTOCOL, JobLayout, WorkerSpec
 
@@ -21,17 +21,14 @@ AGENT_STOP_MARGIN = 2.0
 
 @dataclass(frozen=True)
 class HostReport:
+    """What a host that passed preflight told about itself."""
+
     host_index: int
     host_label: str
-    problems: tuple[str, ...]
     python: str = ""
     tensorflow: str = ""
     free_bytes: int = 0
     ports: tuple[int, ...] = ()
-
-    @property
-    def ok(self) -> bool:
-        return not self.problems
 
 
 def host_labels(config: ClusterConfig) -> list[str]:
@@ -51,6 +48,7 @@ def preflight(config: ClusterConfig, backend: Backend, job_id: str) -> list[Host
     shared = str(config.job.shared_dir)
     token_dir = f"{shared}/.orchestrate-preflight-{job_id}"
     token = secrets.token_hex(8)
+    answered: set[int] = set()  # hosts whose helper ran (and may have written a token)
     if isinstance(config.backend, LocalBackend):
         # On one machine there is nothing to mount: make the directory. On SSH hosts a missing
         # shared_dir is a preflight error (an unmounted share must not be papered over).
@@ -64,10 +62,8 @@ def preflight(config: ClusterConfig, backend: Backend, job_id: str) -> list[Host
             "token_file": f"{token_dir}/{i}",
             "token": f"{token}-{i}",
         }
-        try:
-            data = backend.transport(i).worker_call("probe", args, timeout=PROBE_TIMEOUT)
-        except OrchestrateError as exc:  # its message already names the host
-            return HostReport(i, labels[i], (str(exc).removeprefix(f"{labels[i]}: "),))
+        data = backend.transport(i).worker_call("probe", args, timeout=PROBE_TIMEOUT)
+        answered.add(i)
         problems = list(data.get("problems", []))
         if data.get("protocol") != HOST_PROTOCOL:
             problems.append(
@@ -76,63 +72,54 @@ def preflight(config: ClusterConfig, backend: Backend, job_id: str) -> list[Host
             )
         if not data.get("tensorflow"):
             problems.append("TensorFlow is not installed for " + backend.python(i))
+        if problems:
+            raise PreflightError(", ".join(problems))
         return HostReport(
             i,
             labels[i],
-            tuple(problems),
             python=data.get("python", ""),
             tensorflow=data.get("tensorflow") or "",
             free_bytes=int(data.get("free_bytes", 0)),
             ports=tuple(data.get("ports", [])),
         )
 
-    reports = parallel(len(labels), probe)
-    if all(r.ok for r in reports) and len(labels) > 1:
-        reports = _check_shared(backend, reports, token_dir, token)
-    versions = {r.tensorflow for r in reports if r.ok}
+    results = each(range(len(labels)), probe)
+    if results.ok and len(labels) > 1:
+        results = results.with_failures(_check_shared(backend, labels, token_dir, token).failed)
+    versions = {r.tensorflow for r in results.values()}
     if len(versions) > 1:
-        detail = ", ".join(f"{r.host_label}={r.tensorflow}" for r in reports)
-        reports = [
-            HostReport(r.host_index, r.host_label, (*r.problems, f"TensorFlow differs: {detail}"))
-            for r in reports
-        ]
-    for report in reports:  # remove the tokens through any host that answered
-        if report.ok or report.tensorflow:
-            with contextlib.suppress(OrchestrateError):
-                backend.transport(report.host_index).worker_call("remove", {"path": token_dir})
-            break
-    failing = [r for r in reports if not r.ok]
-    if failing:
-        lines = "; ".join(f"{r.host_label}: {', '.join(r.problems)}" for r in failing)
-        raise PreflightError(f"preflight failed on {len(failing)} host(s): {lines}")
-    return reports
+        detail = ", ".join(f"{r.host_label}={r.tensorflow}" for r in results.values())
+        differs = PreflightError(f"TensorFlow differs: {detail}")
+        results = results.with_failures({k: differs for k in results.succeeded})
+    for i in sorted(answered):  # remove the tokens through any host that answered
+        with contextlib.suppress(OrchestrateError):
+            backend.transport(i).worker_call("remove", {"path": token_dir})
+        break
+    if not results.ok:
+        raise PreflightError(
+            f"preflight failed on {len(results.failed)} host(s): "
+            + results.describe_failures(lambda i: labels[i])
+        )
+    return results.values()
 
 
 def _check_shared(
-    backend: Backend, reports: list[HostReport], token_dir: str, token: str
-) -> list[HostReport]:
+    backend: Backend, labels: list[str], token_dir: str, token: str
+) -> HostResults[int, None]:
     """Every host reads back the token every other host wrote to the shared directory."""
-    paths = [f"{token_dir}/{r.host_index}" for r in reports]
+    paths = [f"{token_dir}/{i}" for i in range(len(labels))]
 
-    def read_back(i: int) -> HostReport:
-        report = reports[i]
-        try:
-            seen = backend.transport(i).worker_call(
-                "read_tokens", {"paths": paths}, timeout=PROBE_TIMEOUT
+    def read_back(i: int) -> None:
+        seen = backend.transport(i).worker_call(
+            "read_tokens", {"paths": paths}, timeout=PROBE_TIMEOUT
+        )
+        missing = [labels[j] for j, path in enumerate(paths) if seen.get(path) != f"{token}-{j}"]
+        if missing:
+            raise PreflightError(
+                f"shared_dir is not shared: cannot see files written by {', '.join(missing)}"
             )
-        except OrchestrateError as exc:
-            return HostReport(i, report.host_label, (*report.problems, str(exc)))
-        missing = [
-            reports[j].host_label
-            for j, path in enumerate(paths)
-            if seen.get(path) != f"{token}-{j}"
-        ]
-        if not missing:
-            return report
-        problem = f"shared_dir is not shared: cannot see files written by {', '.join(missing)}"
-        return HostReport(i, report.host_label, (*report.problems, problem))
 
-    return parallel(len(reports), read_back)
+    return each(range(len(labels)), read_back)
 
 
 def run_setup(config: ClusterConfig, backend: Backend) -> None:
@@ -142,21 +129,17 @@ def run_setup(config: ClusterConfig, backend: Backend) -> None:
     hosts = config.backend.hosts
     timeout = config.backend.command_timeout
 
-    def setup(i: int) -> str:
+    def setup(i: int) -> None:
         for argv in hosts[i].setup:
-            try:
-                result = backend.transport(i).run(argv, timeout=timeout)
-            except OrchestrateError as exc:
-                return str(exc)
+            result = backend.transport(i).run(argv, timeout=timeout)
             if not result.ok:
-                return (
-                    f"{hosts[i].label}: setup {argv!r} exited {result.exit_code}: {result.tail()}"
-                )
-        return ""
+                raise LaunchError(f"setup {argv!r} exited {result.exit_code}: {result.tail()}")
 
-    errors = [e for e in parallel(len(hosts), setup) if e]
-    if errors:
-        raise LaunchError("setup failed, nothing started: " + "; ".join(errors))
+    results = each(range(len(hosts)), setup)
+    if not results.ok:
+        raise LaunchError(
+            "setup failed, nothing started: " + results.describe_failures(lambda i: hosts[i].label)
+        )
 
 
 def plan_launch(config: ClusterConfig, reports: Sequence[HostReport]) -> LaunchPlan:
@@ -208,51 +191,35 @@ def make_specs(
     ]
 
 
-@dataclass(frozen=True)
-class StartOutcome:
-    task_index: int
-    host_label: str
-    agent_pid: int | None
-    error: str = ""
-
-
 def start_agents(
     backend: Backend, plan: LaunchPlan, specs: Sequence[WorkerSpec], stop_grace: float
 ) -> dict[int, int]:
     """Push every spec and start every agent in parallel; on any failure, stop those that did
-    start and raise LaunchError with each host's outcome. Returns task index -> agent pid."""
+    start and raise LaunchError with each task's outcome. Returns task index -> agent pid."""
 
-    def start(i: int) -> StartOutcome:
+    def start(i: int) -> int:
         task, spec = plan.tasks[i], specs[i]
         layout = spec.layout
-        transport = backend.transport(task.host_index)
-        try:
-            spec_path = str(layout.spec_path(i))
-            pid = transport.start_detached(
-                [backend.python(task.host_index), "-m", "worker.agent", spec_path],
-                log_path=str(layout.task_dir(i) / "agent.log"),
-                stdin_file=(spec_path, spec.to_json().encode()),
-            )
-        except OrchestrateError as exc:
-            return StartOutcome(i, task.host_label, None, str(exc))
-        return StartOutcome(i, task.host_label, pid)
+        spec_path = str(layout.spec_path(i))
+        return backend.transport(task.host_index).start_detached(
+            [backend.python(task.host_index), "-m", "worker.agent", spec_path],
+            log_path=str(layout.task_dir(i) / "agent.log"),
+            stdin_file=(spec_path, spec.to_json().encode()),
+        )
 
-    outcomes = parallel(len(plan.tasks), start)
-    failed = [o for o in outcomes if o.agent_pid is None]
-    if failed:
+    results = each(range(len(plan.tasks)), start)
+    if not results.ok:
         started = [
-            AgentRef(o.task_index, plan.tasks[o.task_index].host_index, o.agent_pid)
-            for o in outcomes
-            if o.agent_pid is not None
+            AgentRef(i, plan.tasks[i].host_index, pid) for i, pid in results.succeeded.items()
         ]
         stop_agents(backend, started, stop_grace + AGENT_STOP_MARGIN)
         detail = "; ".join(
-            f"worker-{o.task_index}@{o.host_label}: "
-            + (o.error if o.agent_pid is None else "started, then stopped")
-            for o in outcomes
+            f"worker-{i}@{plan.tasks[i].host_label}: "
+            + (str(results.failed[i]) if i in results.failed else "started, then stopped")
+            for i in results
         )
         raise LaunchError(f"could not start every task, none left running: {detail}")
-    return {o.task_index: o.agent_pid for o in outcomes if o.agent_pid is not None}
+    return dict(results.succeeded)
 
 
 @dataclass(frozen=True)
@@ -262,21 +229,22 @@ class AgentRef:
     pid: int
 
 
-def stop_agents(backend: Backend, agents: Sequence[AgentRef], grace: float) -> dict[int, bool]:
-    """Stop each agent's whole process group in parallel (SIGTERM, grace, SIGKILL); task index
-    -> True when nothing of it is left. For a graceful stop pass the agents' own stop_grace plus
-    AGENT_STOP_MARGIN: each agent escalates to SIGKILL itself and writes a final status first."""
+def stop_agents(
+    backend: Backend, agents: Sequence[AgentRef], grace: float
+) -> HostResults[int, None]:
+    """Stop each agent's whole process group in parallel (SIGTERM, grace, SIGKILL), keyed by
+    task index: a task succeeds when nothing of it is left, and fails when its host could not be
+    reached or something of it outlived the grace. For a graceful stop pass the agents' own
+    stop_grace plus AGENT_STOP_MARGIN: each agent escalates to SIGKILL itself and writes a
+    final status first."""
+    by_task = {a.task_index: a for a in agents}
 
-    def stop(n: int) -> bool:
-        agent = agents[n]
-        try:
-            return backend.transport(agent.host_index).stop_process_group(agent.pid, grace)
-        except OrchestrateError:
-            return False
+    def stop(i: int) -> None:
+        agent = by_task[i]
+        if not backend.transport(agent.host_index).stop_process_group(agent.pid, grace):
+            raise LaunchError(f"agent {agent.pid} still running after {grace:g}s")
 
-    if not agents:
-        return {}
-    return {a.task_index: ok for a, ok in zip(agents, parallel(len(agents), stop), strict=True)}
+    return each(by_task, stop)
 
 
 def job_layout(config: ClusterConfig, job_id: str) -> JobLayout:

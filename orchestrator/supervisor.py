@@ -209,7 +209,7 @@ class Supervisor:
         job_id, config = self.job.id, self.config
         if self._leftovers:  # an earlier attempt's agents on a host that was unreachable
             stopped = stop_agents(self.backend, self._leftovers, BROKEN_GROUP_GRACE)
-            self._leftovers = [a for a in self._leftovers if not stopped.get(a.task_index)]
+            self._leftovers = [a for a in self._leftovers if a.task_index in stopped.failed]
         self.sink.info(f"attempt {attempt}: preflight on {self.backend.host_count()} host(s)")
         reports = preflight(config, self.backend, job_id)
         if attempt == 0:
@@ -317,7 +317,7 @@ class Supervisor:
                 self.sink.task_lines(
                     agent.task_index, task.host_label, self.tick.tailers[agent.task_index].flush()
                 )
-        stuck = [a for a in group.agents if not results.get(a.task_index)]
+        stuck = [a for a in group.agents if a.task_index in results.failed]
         if stuck:
             self._leftovers.extend(stuck)
             names = ", ".join(f"worker-{a.task_index}" for a in stuck)

@@ -11,7 +11,6 @@ import time
 from dataclasses import dataclass, field
 
 from orchestrator.backends import Backend
-from orchestrator.errors import OrchestrateError
 from orchestrator.fanout import Fanout
 from orchestrator.launcher import AgentRef
 from orchestrator.logstream import LineSink, LogTailer
@@ -41,9 +40,9 @@ class Watch:
 
 @dataclass
 class HostRead:
-    """What one tick read from one host; a task missing from `status` was unreachable."""
+    """What one tick read from one reachable host."""
 
-    alive: set[int]  # agent pids found alive (all of them when not checked or unreachable)
+    alive: set[int] | None  # agent pids found alive; None when liveness was not checked
     lines: dict[int, list[bytes]] = field(default_factory=dict)  # task -> new whole log lines
     status: dict[int, bytes | None] = field(default_factory=dict)  # task -> status file
 
@@ -102,15 +101,12 @@ class Tick:
         now_mono, now = time.monotonic(), time.time()
         by_host = agents_by_host(group.agents)
         check_alive = self.alive_check_due(group.agents, now_mono)
-        reads = dict(
-            zip(
-                by_host,
-                self.fanout.map(lambda h: self.read_host(h, by_host[h], check_alive), [*by_host]),
-                strict=True,
+        reads = self.fanout.each(by_host, lambda h: self.read_host(h, by_host[h], check_alive))
+        if check_alive:  # an unreachable host is not proof of death: its agents count as alive
+            self.alive_cache = set().union(
+                *(reads.succeeded[h].alive or set() for h in reads.succeeded),
+                *({a.pid for a in by_host[h]} for h in reads.failed),
             )
-        )
-        if check_alive:
-            self.alive_cache = set().union(*(r.alive for r in reads.values()))
         alive = self.alive_cache
         observations: list[TaskObservation] = []
         updates: dict[int, dict[str, object]] = {}
@@ -118,13 +114,13 @@ class Tick:
         for agent in group.agents:
             i = agent.task_index
             task = group.plan.tasks[i]
-            read = reads[agent.host_index]
-            self.sink.task_lines(i, task.host_label, read.lines.get(i, []))
-            if i not in read.status:
+            read = reads.succeeded.get(agent.host_index)
+            if read is None:
                 # Unreachable this tick (the transport reconnects next time); its heartbeat
                 # age keeps growing, so a host that stays away is caught by the timeout.
                 observations.append(self.unreachable(i, task, watch, now_mono))
                 continue
+            self.sink.task_lines(i, task.host_label, read.lines.get(i, []))
             status = parse_status(read.status[i])
             if status is not None and status.attempt != group.attempt:
                 status = None  # left over from an earlier attempt
@@ -204,20 +200,16 @@ class Tick:
 
     def read_host(self, host_index: int, agents: list[AgentRef], check_alive: bool) -> HostRead:
         """One host's part of a tick (on a thread of its own), in one round trip: liveness when
-        due, then each task's new log bytes and status file."""
+        due, then each task's new log bytes and status file. Raises when the host is
+        unreachable."""
         pids = [a.pid for a in agents]
-        read = HostRead(alive=set(pids))  # unreachable is not proof of death
         files: list[tuple[str, int]] = []
         for agent in agents:
             i = agent.task_index
             files += [(str(self.layout.log_path(i)), self.tailers[i].offset),
                       (str(self.layout.status_path(i)), 0)]  # fmt: skip
-        try:
-            seen = self.backend.transport(host_index).observe(pids if check_alive else None, files)
-        except OrchestrateError:
-            return read  # no task of this host has a status: all observed as unreachable
-        if seen.alive is not None:
-            read.alive = seen.alive
+        seen = self.backend.transport(host_index).observe(pids if check_alive else None, files)
+        read = HostRead(alive=seen.alive)
         for k, agent in enumerate(agents):
             i = agent.task_index
             read.lines[i] = self.tailers[i].feed(seen.files[2 * k])
@@ -240,13 +232,14 @@ class Tick:
         by_host = agents_by_host(agents)
 
         def check(host_index: int) -> set[int]:
-            pids = [a.pid for a in by_host[host_index]]
-            try:
-                return self.backend.transport(host_index).alive_pids(pids)
-            except OrchestrateError:
-                return set(pids)  # unreachable for now: not proof of death
+            return self.backend.transport(host_index).alive_pids(
+                [a.pid for a in by_host[host_index]]
+            )
 
-        return set().union(*self.fanout.map(check, [*by_host]))
+        results = self.fanout.each(by_host, check)
+        return set().union(  # unreachable for now is not proof of death
+            *results.values(), *({a.pid for a in by_host[h]} for h in results.failed)
+        )
 
 
 def parse_status(raw: bytes | None) -> TaskStatus | None:

@@ -79,6 +79,37 @@ def wait_for(predicate: Callable[[], object], timeout: float, interval: float = 
     raise AssertionError(f"condition not met within {timeout}s")
 
 
+def two_worker_config(
+    tmp_path: Path, name: str, entrypoint: str, *, supervision: str = "", restart: str = ""
+) -> Path:
+    """A 2-worker local job with fast supervision; `entrypoint` is the body of [entrypoint]."""
+    path = tmp_path / "cluster.toml"
+    path.write_text(
+        f"""
+[job]
+name = "{name}"
+shared_dir = "{tmp_path / "shared"}"
+
+[entrypoint]
+{entrypoint}
+
+[backend]
+type = "local"
+workers = 2
+
+[supervision]
+heartbeat_interval = 0.5
+stop_grace = 5.0
+{supervision}
+
+[restart]
+backoff = 0.2
+{restart}
+"""
+    )
+    return path
+
+
 def job_view(cli: Callable[..., CliResult], job_id: str) -> dict:
     return status_json(cli, job_id)["jobs"][0]
 

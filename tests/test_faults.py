@@ -23,6 +23,7 @@ from tests.conftest import (
     job_view,
     launch_detached,
     status_json,
+    two_worker_config,
     wait_for,
     wait_for_end,
 )
@@ -35,39 +36,13 @@ FAULTY = Path(__file__).parent / "fixtures" / "faulty_digits.py"
 def fault_config(
     tmp_path: Path, epochs: int, *, supervision: str = "", restart: str = "", fault: str = ""
 ) -> Path:
-    shared = tmp_path / "shared"
     entry = (
         f'script = "{FAULTY}"\nenv = {{ TF_CPP_MIN_LOG_LEVEL = "2", FAULT = "{fault}" }}'
         if fault
         else 'module = "worker.examples.digits"\nenv = { TF_CPP_MIN_LOG_LEVEL = "2" }'
     )
-    path = tmp_path / "cluster.toml"
-    path.write_text(
-        f"""
-[job]
-name = "faults"
-shared_dir = "{shared}"
-
-[entrypoint]
-{entry}
-args = ["--epochs", "{epochs}"]
-workdir = "{REPO}"
-
-[backend]
-type = "local"
-workers = 2
-
-[supervision]
-heartbeat_interval = 0.5
-stop_grace = 5.0
-{supervision}
-
-[restart]
-backoff = 0.2
-{restart}
-"""
-    )
-    return path
+    entry += f'\nargs = ["--epochs", "{epochs}"]\nworkdir = "{REPO}"'
+    return two_worker_config(tmp_path, "faults", entry, supervision=supervision, restart=restart)
 
 
 def wait_for_epoch(cli: Callable[..., CliResult], job_id: str, epoch: int, reap: list[int]) -> dict:

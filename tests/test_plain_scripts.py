@@ -23,6 +23,7 @@ from tests.conftest import (
     job_view,
     launch_detached,
     status_json,
+    two_worker_config,
     wait_for,
     wait_for_end,
 )
@@ -38,33 +39,13 @@ def plain_config(
     tmp_path: Path, script: Path, args: list[str], *, env: str = "", supervision: str = "",
     restart: str = "",
 ) -> Path:  # fmt: skip
-    path = tmp_path / "cluster.toml"
-    path.write_text(
-        f"""
-[job]
-name = "plain"
-shared_dir = "{tmp_path / "shared"}"
-
-[entrypoint]
-script = "{script}"
-args = {json.dumps(args)}
-env = {{ TF_CPP_MIN_LOG_LEVEL = "2" {env} }}
-
-[backend]
-type = "local"
-workers = 2
-
-[supervision]
-heartbeat_interval = 0.5
-stop_grace = 5.0
-{supervision}
-
-[restart]
-backoff = 0.2
-{restart}
-"""
+    entrypoint = (
+        f'script = "{script}"\nargs = {json.dumps(args)}\n'
+        f'env = {{ TF_CPP_MIN_LOG_LEVEL = "2" {env} }}'
     )
-    return path
+    return two_worker_config(
+        tmp_path, "plain", entrypoint, supervision=supervision, restart=restart
+    )
 
 
 def wait_while_running(
