@@ -1,15 +1,19 @@
 """The client of the host helper (`python -m worker.hostd`) on one SSH exec channel: JSON-line
-requests out, replies matched by id, every call with a timeout."""
+requests out, replies matched by id, every call with a timeout, starting it too: a host that
+never answers fails with HelperTimeout, naming it, rather than stalling its caller."""
 
 from __future__ import annotations
 
 import json
 import threading
+import time
 from typing import Any
 
 import paramiko
 
 from orchestrator.errors import TransportError
+
+STDERR_LIMIT = 65536
 
 
 class HelperTimeout(TransportError):
@@ -20,6 +24,37 @@ class HelperClient:
     """The host helper (`python -m worker.hostd`) on one exec channel: JSON-line requests out,
     replies matched by id. Started once per connection."""
 
+    @classmethod
+    def start(
+        cls, transport: paramiko.Transport, command: str, label: str, timeout: float
+    ) -> HelperClient:
+        """Open a channel, run `command` (the helper) on it and wait for its ready line; each
+        step within `timeout`. On any failure the channel is closed."""
+        channel = transport.open_session(timeout=timeout)
+        expired = threading.Event()
+
+        def expire() -> None:  # exec_command waits for the host's reply with no timeout
+            expired.set()
+            channel.close()
+
+        timer = threading.Timer(timeout, expire)
+        timer.daemon = True
+        timer.start()
+        try:
+            channel.exec_command(command)
+        except BaseException:
+            channel.close()
+            if not expired.is_set():
+                raise
+        finally:
+            timer.cancel()
+        if expired.is_set():  # the wait was cut short (or only just ended): the channel is gone
+            raise HelperTimeout(
+                f"{label}: the worker helper did not start: no reply to the exec request "
+                f"within {timeout:g}s"
+            )
+        return cls(channel, label, timeout)
+
     def __init__(self, channel: paramiko.Channel, label: str, ready_timeout: float) -> None:
         self.channel = channel
         self.label = label
@@ -28,13 +63,27 @@ class HelperClient:
         self._waiting: dict[int, tuple[threading.Event, list[Any]]] = {}
         self._closed = False
         self._reader = channel.makefile("rb")
-        ready = self._reader.readline()
+        deadline = time.monotonic() + ready_timeout
+        try:
+            channel.settimeout(ready_timeout)  # for this read only: the reader thread waits
+            ready = self._reader.readline()
+        except TimeoutError:
+            channel.close()
+            raise HelperTimeout(
+                f"{label}: the worker helper sent no ready line within {ready_timeout:g}s"
+            ) from None
+        except BaseException:
+            channel.close()
+            raise
         if not ready.startswith(b'{"ready"'):
-            err = channel.makefile_stderr("rb").read().decode(errors="replace").strip()
+            err = _stderr(channel, max(deadline, time.monotonic() + 1.0))
+            channel.close()
+            detail = " ".join((err or ready.decode(errors="replace")).split())  # one line
             raise TransportError(
                 f"{label}: cannot start the worker helper (is orchestrate installed for the "
-                f"configured python?): {(err or ready.decode(errors='replace'))[-300:]}"
+                f"configured python?): {detail[-300:] or 'it exited with no output'}"
             )
+        channel.settimeout(None)
         threading.Thread(target=self._read, name=f"hostd-{label}", daemon=True).start()
 
     def _read(self) -> None:
@@ -80,3 +129,22 @@ class HelperClient:
     @property
     def closed(self) -> bool:
         return self._closed or self.channel.closed
+
+
+def _stderr(channel: paramiko.Channel, deadline: float) -> str:
+    """What the helper wrote to stderr, up to its end or the deadline (a helper that wrote a bad
+    first line may still be running)."""
+    out = bytearray()
+    while len(out) < STDERR_LIMIT:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            break
+        try:
+            channel.settimeout(remaining)
+            chunk = channel.recv_stderr(4096)
+        except (OSError, EOFError, paramiko.SSHException):  # TimeoutError is an OSError
+            break
+        if not chunk:
+            break
+        out += chunk
+    return out.decode(errors="replace").strip()

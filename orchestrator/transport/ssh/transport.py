@@ -4,9 +4,9 @@
 - one connection per host, reused, opened on a socket we create with TCP_NODELAY (paramiko does
   not set it and loses 40-85 ms per round trip to Nagle + delayed ACKs);
 - ~/.ssh/config (through fabric) and ssh-agent are honoured;
-- host keys are checked strictly against known_hosts: an unknown key is refused with a message
-  that says how to trust it (or, opted in, trusted on first use and recorded); a changed key is
-  always refused;
+- host keys are checked strictly against known_hosts, on every hop of a ProxyJump chain: an
+  unknown key is refused with a message that says how to trust it (or, opted in, trusted on
+  first use and recorded); a changed or revoked key is always refused;
 - every call has a timeout; read-only calls survive a dropped connection (reconnect, retry once).
 """
 
@@ -30,7 +30,12 @@ from orchestrator.config import SshBackend, SshHost
 from orchestrator.errors import TransportError
 from orchestrator.transport.base import CommandResult, Observation
 from orchestrator.transport.ssh.helper import HelperClient, HelperTimeout
-from orchestrator.transport.ssh.host_keys import HostKeyPolicy, UnknownHostKeyError, fingerprint
+from orchestrator.transport.ssh.host_keys import (
+    HostKeyError,
+    HostKeyPolicy,
+    fingerprint,
+    host_key_name,
+)
 
 _T = TypeVar("_T")
 KEEPALIVE_SECONDS = 5
@@ -71,7 +76,11 @@ class SshTransport:
             self._drop_locked()
             return self._open_locked()
 
-    def _open_locked(self) -> paramiko.Transport:
+    def new_connection(self) -> Connection:
+        """A Connection to this host, not yet open, with ~/.ssh/config applied (fabric makes
+        a gateway Connection per ProxyJump hop, each with paramiko's AutoAddPolicy: any key
+        accepted). Every hop gets the same host-key checks (our known keys for its own host,
+        our policy) and our timeouts before it opens."""
         host, backend = self.host, self.backend
         identity = host.identity_file or backend.identity_file
         connect_kwargs: dict[str, object] = {}
@@ -84,12 +93,24 @@ class SshTransport:
             connect_timeout=backend.connect_timeout,
             connect_kwargs=connect_kwargs,
         )
-        client = conn.client
-        client.get_host_keys().clear()
-        if self.known_hosts.exists():
-            client.load_host_keys(str(self.known_hosts))
-        client.set_missing_host_key_policy(self._policy)
-        where = f"{conn.user}@{conn.host}:{conn.port}"
+        for i, hop in enumerate(connection_hops(conn)):
+            self._policy.prepare(hop.client, hop.host, int(hop.port))
+            if i > 0:  # a gateway: fabric leaves its timeouts unset (the channel open: an hour)
+                if hop.connect_timeout is None:
+                    hop.connect_timeout = backend.connect_timeout
+                hop.connect_kwargs = {
+                    "channel_timeout": backend.connect_timeout,
+                    **hop.connect_kwargs,
+                }
+        return conn
+
+    def _open_locked(self) -> paramiko.Transport:
+        backend = self.backend
+        try:
+            conn = self.new_connection()
+        except HostKeyError as exc:
+            raise TransportError(f"{self.host_label}: {exc}") from None
+        where = " via ".join(f"{hop.user}@{hop.host}:{hop.port}" for hop in connection_hops(conn))
         try:
             if conn.gateway is None:  # with a ProxyJump/ProxyCommand, fabric makes the socket
                 sock = socket.create_connection((conn.host, conn.port), backend.connect_timeout)
@@ -97,33 +118,48 @@ class SshTransport:
                 conn.connect_kwargs["sock"] = sock
             conn.open()
         except paramiko.BadHostKeyException as exc:
-            conn.close()
+            _close_hops(conn)
+            name = _key_name_of(conn, exc.hostname)
+            revoked = False
+            with contextlib.suppress(HostKeyError):
+                revoked = self._policy.load().is_revoked(name, exc.key)
+            if revoked:
+                raise TransportError(
+                    f"{self.host_label}: {self._policy.revoked_message(name, exc.key)}"
+                ) from None
             raise TransportError(
-                f"{self.host_label}: host key for {conn.host} has CHANGED "
+                f"{self.host_label}: host key for {name} has CHANGED "
                 f"(now {fingerprint(exc.key)}, {self.known_hosts} has "
                 f"{fingerprint(exc.expected_key)}); refusing to connect. If the change is "
-                f"expected, remove the old key: ssh-keygen -R {conn.host} -f {self.known_hosts}"
+                f"expected, remove the old key: "
+                f"ssh-keygen -R {shlex.quote(name)} -f {self.known_hosts}"
             ) from None
-        except UnknownHostKeyError as exc:
-            conn.close()
+        except HostKeyError as exc:
+            _close_hops(conn)
             raise TransportError(f"{self.host_label}: {exc}") from None
         except paramiko.AuthenticationException as exc:
-            conn.close()
+            _close_hops(conn)
             raise TransportError(
                 f"{self.host_label}: authentication failed for {where}: {exc}"
             ) from None
         except TimeoutError:
-            conn.close()
+            _close_hops(conn)
             raise TransportError(
                 f"{self.host_label}: cannot connect to {where}: timed out after "
                 f"{backend.connect_timeout:g}s"
             ) from None
         except NETWORK_ERRORS as exc:
-            conn.close()
+            _close_hops(conn)
             raise TransportError(f"{self.host_label}: cannot connect to {where}: {exc}") from None
+        except BaseException:
+            _close_hops(conn)
+            raise
+        for hop in connection_hops(conn):
+            hop_transport = hop.client.get_transport()
+            if hop_transport is not None:
+                hop_transport.set_keepalive(KEEPALIVE_SECONDS)
         transport = conn.client.get_transport()
         assert transport is not None
-        transport.set_keepalive(KEEPALIVE_SECONDS)
         self._conn = conn
         return transport
 
@@ -136,7 +172,7 @@ class SshTransport:
                 self._sftp.close()
             self._sftp = None
         if self._conn is not None:
-            self._conn.close()
+            _close_hops(self._conn)
             self._conn = None
 
     def close(self) -> None:
@@ -307,11 +343,14 @@ class SshTransport:
     def _get_helper(self) -> HelperClient:
         with self._helper_lock:
             if self._helper is None or self._helper.closed:
-                transport = self._connect()
-                channel = transport.open_session(timeout=self.backend.connect_timeout)
-                channel.settimeout(None)
-                channel.exec_command(self.command_line([self.python, "-m", "worker.hostd"]))
-                self._helper = HelperClient(channel, self.host_label, self.backend.connect_timeout)
+                # Bounded: a host that takes the exec request but never says ready raises
+                # HelperTimeout (channel closed); _helper_call then drops the connection.
+                self._helper = HelperClient.start(
+                    self._connect(),
+                    self.command_line([self.python, "-m", "worker.hostd"]),
+                    self.host_label,
+                    self.backend.connect_timeout,
+                )
             return self._helper
 
     def _helper_call(self, op: str, args: dict[str, Any], timeout: float) -> Any:
@@ -346,6 +385,36 @@ class SshTransport:
 
     def stop_process_group(self, pgid: int, grace: float) -> bool:
         return bool(self.worker_call("stop", {"pgid": pgid, "grace": grace}, grace + 30))
+
+
+def connection_hops(conn: Connection) -> list[Connection]:
+    """The connection, then its gateway Connections (ProxyJump hops), target first. A
+    ProxyCommand gateway (a string) is the user's own command: no hop of ours."""
+    hops: list[Connection] = []
+    node: object = conn
+    while isinstance(node, Connection) and all(node is not hop for hop in hops):
+        hops.append(node)
+        node = node.gateway
+    return hops
+
+
+def _close_hops(conn: Connection) -> None:
+    """Close the connection and every gateway under it. Fabric's close leaves gateways open,
+    and does nothing where open() failed (a refused host key, failed authentication) although
+    paramiko's transport is running by then: close the client too."""
+    for hop in connection_hops(conn):
+        with contextlib.suppress(Exception):
+            hop.close()
+        with contextlib.suppress(Exception):
+            hop.client.close()
+
+
+def _key_name_of(conn: Connection, hostname: str) -> str:
+    """The known_hosts name of the hop that paramiko reported by its bare host name."""
+    for hop in connection_hops(conn):
+        if hop.host == hostname:
+            return host_key_name(hop.host, int(hop.port))
+    return hostname
 
 
 def _sftp_makedirs(sftp: paramiko.SFTPClient, path: str) -> None:
