@@ -18,9 +18,24 @@ from typing import Annotated, Any
 import typer
 
 from orchestrator.errors import OrchestrateError, UsageError, exit_code_for
-from orchestrator.jobs import alive_job_processes, stop_without_supervisor, supervisor_alive
-from orchestrator.paths import collected_dir, job_home, log_copies_dir, report_json, supervisor_log
-from orchestrator.states import JobState
+from orchestrator.jobs import (
+    fail_job,
+    failing_job_on_error,
+    launch_config,
+    needs_stop,
+    stop_without_supervisor,
+    stored_config,
+    supervisor_alive,
+)
+from orchestrator.paths import (
+    collected_dir,
+    job_home,
+    log_copies_dir,
+    make_files_private,
+    report_json,
+    supervisor_log,
+)
+from orchestrator.states import JobState, TaskState
 from orchestrator.store import JobRecord, Store
 from orchestrator.views import job_view, render_report, render_status
 
@@ -86,7 +101,8 @@ def launch(
     from orchestrator.supervisor import Supervisor
 
     sink = LineSink(log_copies_dir(job.id), sys.stdout, verbose)
-    supervisor = Supervisor(store, job, cfg, sink)
+    with failing_job_on_error(store, job.id):
+        supervisor = Supervisor(store, job, cfg, sink)
     supervisor.install_signal_handlers()
     state = supervisor.run()
     if state != JobState.SUCCEEDED:
@@ -116,22 +132,43 @@ def _print_dry_run(cfg: Any) -> None:
 
 def _launch_detached(store: Store, job: JobRecord) -> None:
     from orchestrator.transport.local import LocalTransport
+    from worker.proctl import is_same
 
     log = supervisor_log(job.id)
-    pid = LocalTransport().start_detached(
+    supervisor = LocalTransport().start_detached(
         [sys.executable, "-m", "orchestrator", "supervise", job.id], log_path=str(log)
     )
-    store.update_job(job.id, supervisor_pid=pid, supervisor_host=socket.gethostname())
+    store.update_job(
+        job.id,
+        supervisor_pid=supervisor.pid,
+        supervisor_ident=supervisor.ident,
+        supervisor_host=socket.gethostname(),
+    )
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:
         current = store.get_job(job.id)
         if current.state == JobState.RUNNING or current.state.is_terminal():
             break
+        if not is_same(supervisor.pid, supervisor.ident):  # it died before the job ran
+            current = store.get_job(job.id)  # it may have ended the job just before exiting
+            if not current.state.is_terminal():
+                tail = _last_line(log) or "no output"
+                fail_job(store, job.id, f"the supervisor exited during launch: {tail}")
+                current = store.get_job(job.id)
+            break
         time.sleep(0.1)
     if current.state in (JobState.FAILED, JobState.STOPPED):
         raise OrchestrateError(f"job {job.id} {current.state.value}: {current.last_cause}")
-    _echo(f"job {job.id} {current.state.value} (supervisor pid {pid})")
+    _echo(f"job {job.id} {current.state.value} (supervisor pid {supervisor.pid})")
     _echo(f"  orchestrate status {job.id}   orchestrate logs {job.id} --follow")
+
+
+def _last_line(path: Path) -> str:
+    try:
+        lines = path.read_bytes().decode(errors="replace").strip().splitlines()
+    except OSError:
+        return ""
+    return lines[-1][-300:] if lines else ""
 
 
 @app.command()
@@ -198,15 +235,15 @@ def tensorboard(
 @app.command(hidden=True)
 def supervise(job_ref: JobArg) -> None:
     """Supervise a registered job (the background half of `launch --detach`)."""
-    from orchestrator.config import ClusterConfig
     from orchestrator.logstream import LineSink
     from orchestrator.supervisor import Supervisor
 
     store = Store()
     job = store.get_job(job_ref)
-    cfg = ClusterConfig.model_validate_json(job.config_json)
-    sink = LineSink(log_copies_dir(job.id), console=sys.stdout)
-    supervisor = Supervisor(store, job, cfg, sink)
+    with failing_job_on_error(store, job.id):
+        cfg = launch_config(job)
+        sink = LineSink(log_copies_dir(job.id), console=sys.stdout)
+        supervisor = Supervisor(store, job, cfg, sink)
     supervisor.install_signal_handlers()
     state = supervisor.run()
     if state != JobState.SUCCEEDED:
@@ -221,12 +258,17 @@ def attach(
     ] = False,
 ) -> None:
     """Adopt a running job whose supervisor is gone, and supervise it to the end."""
-    from orchestrator.config import ClusterConfig
     from orchestrator.logstream import LineSink
     from orchestrator.supervisor import Supervisor
 
     store = Store()
     job = store.get_job(job_ref)
+    if needs_stop(store, job) and (
+        job.state.is_terminal()
+        or any(t.state == TaskState.UNREACHABLE for t in store.tasks(job.id))
+    ):  # a stop that could not reach every host: finish it
+        _finish_stop(store, job)
+        return
     if job.state.is_terminal():
         raise UsageError(f"job {job.id} already {job.state.value}: nothing to attach to")
     alive = supervisor_alive(job)
@@ -236,9 +278,10 @@ def attach(
         raise UsageError(
             f"job {job.id} is supervised from host {job.supervisor_host}: attach there"
         )
-    cfg = ClusterConfig.model_validate_json(job.config_json)
+    cfg = launch_config(job)
     sink = LineSink(log_copies_dir(job.id), sys.stdout, verbose)
-    supervisor = Supervisor(store, job, cfg, sink)
+    with failing_job_on_error(store, job.id):
+        supervisor = Supervisor(store, job, cfg, sink)
     supervisor.install_signal_handlers()
     if supervisor.adopt() != JobState.SUCCEEDED:
         raise typer.Exit(1)
@@ -252,7 +295,7 @@ def status(
 ) -> None:
     """Jobs, each task's state, progress, heartbeat and restarts; from any terminal."""
     store = Store()
-    jobs = [store.get_job(job_ref)] if job_ref else store.list_jobs(limit)
+    jobs = [store.get_job(job_ref)] if job_ref is not None else store.list_jobs(limit)
     tasks = store.tasks_for([j.id for j in jobs])
     now = time.time()
     views = [job_view(j, tasks[j.id], now) for j in jobs]
@@ -265,7 +308,7 @@ def status(
         _echo(json.dumps({"jobs": views}, indent=2))
         return
     render_status(views, detailed=job_ref is not None or len(jobs) == 1)
-    if job_ref and views[0]["events"]:
+    if job_ref is not None and views[0]["events"]:
         _echo()
         for event in views[0]["events"][-8:]:
             when = time.strftime("%H:%M:%S", time.localtime(event["ts"]))
@@ -313,29 +356,28 @@ def stop(job_ref: JobArg) -> None:
     """Stop a job: every task on every host (SIGTERM, grace, SIGKILL)."""
     store = Store()
     job = store.get_job(job_ref)
-    if job.state.is_terminal():
+    if not needs_stop(store, job):
         _echo(f"job {job.id} already {job.state.value}")
         return
-    from orchestrator.config import ClusterConfig
-
-    cfg = ClusterConfig.model_validate_json(job.config_json)
+    cfg = stored_config(job)
     grace = cfg.supervision.stop_grace
-    if supervisor_alive(job) and job.supervisor_pid is not None:
-        os.kill(job.supervisor_pid, signal.SIGTERM)
+    if not job.state.is_terminal() and supervisor_alive(job) and job.supervisor_pid is not None:
+        os.kill(job.supervisor_pid, signal.SIGTERM)  # identity checked just above
         deadline = time.monotonic() + grace + 30
         while time.monotonic() < deadline and not store.get_job(job.id).state.is_terminal():
             time.sleep(0.1)
-    if not store.get_job(job.id).state.is_terminal():
-        stop_without_supervisor(store, job, cfg)
-    left = alive_job_processes(store, job.id, cfg)
-    if not left.ok:
-        labels = {t.host_index: t.host for t in store.tasks(job.id)}
+    _finish_stop(store, store.get_job(job.id))
+
+
+def _finish_stop(store: Store, job: JobRecord) -> None:
+    """Sweep every host for the job's processes (found by the job id, so those whose pids
+    never reached the store too) and stop them; say what could not be confirmed."""
+    report = stop_without_supervisor(store, job, stored_config(job))
+    if not report.confirmed:
         raise OrchestrateError(
-            f"job {job.id}: cannot check its hosts after stop: "
-            + left.describe_failures(lambda h: labels.get(h, str(h)))
+            f"job {job.id}: stop not confirmed: {report.describe()}; "
+            f"run `orchestrate stop {job.id}` again once the host is back"
         )
-    if alive := set().union(*left.values()):
-        raise OrchestrateError(f"job {job.id}: processes still alive after stop: {sorted(alive)}")
     _echo(f"job {job.id} {store.get_job(job.id).state.value}")
 
 
@@ -348,13 +390,13 @@ def collect(
 ) -> None:
     """Copy a job's per-task logs, final model and metrics to this machine."""
     from orchestrator.backends import open_backend
-    from orchestrator.config import ClusterConfig
     from orchestrator.jobs import collect_job
 
     store = Store()
     job = store.get_job(job_ref)
-    cfg = ClusterConfig.model_validate_json(job.config_json)
+    cfg = stored_config(job)
     target = dest or Path(job.id)
+    _check_destination(target)
     backend = open_backend(cfg)
     try:
         count = collect_job(backend, job.job_dir, target)
@@ -363,8 +405,24 @@ def collect(
     _echo(f"collected {count} file(s) of job {job.id} into {target}")
 
 
+def _check_destination(target: Path) -> None:
+    """collect writes into target: say so in one line when it cannot, before any copy."""
+    if target.exists() and not target.is_dir():
+        raise UsageError(f"--dest {target} is not a directory")
+    existing = target if target.exists() else next(p for p in target.parents if p.exists())
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise UsageError(f"--dest {target}: {existing} is not writable")
+    probe = existing / f".orchestrate-write-test-{os.getpid()}"
+    try:  # root passes os.access on a read-only file system: try a write
+        probe.touch()
+        probe.unlink()
+    except OSError as exc:
+        raise UsageError(f"--dest {target}: cannot write in {existing}: {exc.strerror}") from None
+
+
 def main() -> None:
     """Entry point: one-line errors, exit codes from errors.exit_code_for, never a traceback."""
+    make_files_private()
     try:
         # standalone_mode=False: click returns typer.Exit's code instead of exiting itself.
         code = app(standalone_mode=False)

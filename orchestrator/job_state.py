@@ -14,7 +14,8 @@ _ENDINGS = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.STOPPED})
 # A supervisor that adopts a job (`attach`) takes it over in whatever live state its dead
 # supervisor left, so RUNNING may follow any state that is not terminal.
 LEGAL: dict[JobState, frozenset[JobState]] = {
-    JobState.PENDING: frozenset({JobState.LAUNCHING, JobState.RUNNING}) | _ENDINGS,
+    JobState.PENDING: frozenset({JobState.LAUNCHING, JobState.RUNNING, JobState.STOPPING})
+    | _ENDINGS,
     JobState.LAUNCHING: frozenset({JobState.RUNNING, JobState.STOPPING}) | _ENDINGS,
     JobState.RUNNING: frozenset({JobState.RUNNING, JobState.STOPPING}) | _ENDINGS,
     JobState.STOPPING: frozenset({JobState.RESTARTING, JobState.RUNNING}) | _ENDINGS,

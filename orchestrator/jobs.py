@@ -9,8 +9,11 @@ from __future__ import annotations
 import secrets
 import socket
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from orchestrator.states import JobState, TaskState
 from orchestrator.store import JobRecord, Store, TaskRecord
@@ -18,7 +21,6 @@ from orchestrator.store import JobRecord, Store, TaskRecord
 if TYPE_CHECKING:
     from orchestrator.backends import Backend
     from orchestrator.config import ClusterConfig
-    from orchestrator.fanout import HostResults
 
 
 def new_job_id(name: str) -> str:
@@ -37,8 +39,8 @@ def register_job(store: Store, config: ClusterConfig, config_path: str) -> JobRe
         name=config.job.name,
         state=JobState.PENDING,
         backend=config.backend.type,
-        config_path=config_path,
-        config_json=config.model_dump_json(),
+        config_path=str(Path(config_path).absolute()),
+        config_json=stored_config_json(config),
         job_dir=str(job_layout(config, job_id).root),
         created=now,
         updated=now,
@@ -60,6 +62,43 @@ def register_job(store: Store, config: ClusterConfig, config_path: str) -> JobRe
     return job
 
 
+REDACTED = "<redacted>"
+
+
+def stored_config_json(config: ClusterConfig) -> str:
+    """The configuration as the store keeps it: each `env` value replaced by a mark (the keys
+    stay), so that the store never holds secrets in clear."""
+    env = {name: REDACTED for name in config.entrypoint.env}
+    entry = config.entrypoint.model_copy(update={"env": env})
+    return config.model_copy(update={"entrypoint": entry}).model_dump_json()
+
+
+def stored_config(job: JobRecord) -> ClusterConfig:
+    """The job's configuration from the store: everything but its env values (enough to stop
+    or collect it)."""
+    from orchestrator.config import ClusterConfig
+
+    return ClusterConfig.model_validate_json(job.config_json)
+
+
+def launch_config(job: JobRecord) -> ClusterConfig:
+    """The configuration a supervisor runs the job with (detached, or attaching), env values
+    included: read again from the job's cluster.toml, and refused if it changed since."""
+    from orchestrator.config import load_config
+    from orchestrator.errors import ConfigError, UsageError
+
+    try:
+        config = load_config(Path(job.config_path))
+    except ConfigError as exc:
+        raise UsageError(f"job {job.id}: cannot read its configuration again: {exc}") from None
+    if stored_config_json(config) != job.config_json:
+        raise UsageError(
+            f"job {job.id}: {job.config_path} changed since the job was launched: restore it "
+            "(or stop the job and launch it again)"
+        )
+    return config
+
+
 def collect_job(backend: Backend, job_root: object, dest: Path) -> int:
     """Pull per-task logs, the final model and metrics from the shared directory."""
     transport = backend.transport(0)
@@ -76,45 +115,107 @@ def collect_job(backend: Backend, job_root: object, dest: Path) -> int:
 
 
 def supervisor_alive(job: JobRecord) -> bool | None:
+    """Whether the job's supervisor lives: the recorded pid, still held by the same process
+    (its identity checked, so a reused pid is not taken for it). None: on another machine."""
     if job.supervisor_pid is None:
         return False
     if job.supervisor_host != socket.gethostname():
         return None  # on another machine: we cannot tell from here
-    from worker.proctl import is_alive
+    from worker.proctl import is_same
 
-    return is_alive(job.supervisor_pid)
-
-
-def stop_without_supervisor(store: Store, job: JobRecord, cfg: Any) -> None:
-    """The supervisor is gone (or did not answer): stop the agents ourselves."""
-    from orchestrator.backends import open_backend
-    from orchestrator.launcher import AGENT_STOP_MARGIN, AgentRef, stop_agents
-
-    tasks = store.tasks(job.id)
-    agents = [AgentRef(t.idx, t.host_index, t.agent_pid) for t in tasks if t.agent_pid]
-    backend = open_backend(cfg)
-    try:
-        stop_agents(backend, agents, cfg.supervision.stop_grace + AGENT_STOP_MARGIN)
-    finally:
-        backend.close()
-    store.update_tasks(
-        job.id, {t.idx: {"state": TaskState.STOPPED} for t in tasks if not t.state.is_terminal()}
-    )
-    store.update_job(job.id, state=JobState.STOPPED, last_cause="stopped on request")
-    store.add_event(job.id, "stopped", "stopped on request (no supervisor)")
+    return is_same(job.supervisor_pid, job.supervisor_ident)
 
 
-def alive_job_processes(store: Store, job_id: str, cfg: Any) -> HostResults[int, set[int]]:
-    """Per host index, which of the job's recorded agent and trainer pids still live there."""
+@dataclass(frozen=True)
+class StopReport:
+    """What a stop without a supervisor confirmed: hosts it could not reach (label -> why) and
+    processes still alive after it (label -> pids)."""
+
+    unreachable: dict[str, str]
+    left: dict[str, list[int]]
+
+    @property
+    def confirmed(self) -> bool:
+        return not self.unreachable and not self.left
+
+    def describe(self) -> str:
+        parts = [f"{h} unreachable ({why})" for h, why in self.unreachable.items()]
+        parts += [f"{h} still runs pids {pids}" for h, pids in self.left.items()]
+        return "; ".join(parts)
+
+
+def stop_without_supervisor(store: Store, job: JobRecord, cfg: ClusterConfig) -> StopReport:
+    """The supervisor is gone (or did not answer): stop the job's processes on every host
+    ourselves, found by the job id in their environment, so that agents whose pids never
+    reached the store are stopped too. Only what was confirmed is marked stopped: tasks on a
+    host that could not be reached become UNREACHABLE and the job stays STOPPING (a later
+    stop finishes the work)."""
     from orchestrator.backends import open_backend
     from orchestrator.fanout import each
+    from orchestrator.launcher import AGENT_STOP_MARGIN, host_labels
 
-    by_host: dict[int, list[int]] = {}
-    for t in store.tasks(job_id):
-        pids = [p for p in (t.agent_pid, t.trainer_pid) if p]
-        by_host.setdefault(t.host_index, []).extend(pids)
+    grace = cfg.supervision.stop_grace + AGENT_STOP_MARGIN
+    labels = host_labels(cfg)
     backend = open_backend(cfg)
     try:
-        return each(by_host, lambda h: backend.transport(h).alive_pids(by_host[h]))
+        results = each(range(len(labels)), lambda h: backend.transport(h).stop_job(job.id, grace))
     finally:
         backend.close()
+    report = StopReport(
+        unreachable={labels[h]: results.reason(h, labels[h]) for h in results.failed},
+        left={labels[h]: pids for h, pids in results.succeeded.items() if pids},
+    )
+    unconfirmed = set(results.failed) | {h for h, pids in results.succeeded.items() if pids}
+    updates: dict[int, dict[str, object]] = {}
+    for t in store.tasks(job.id):
+        if not t.state.is_terminal():
+            unreached = t.host_index in unconfirmed
+            updates[t.idx] = {"state": TaskState.UNREACHABLE if unreached else TaskState.STOPPED}
+    store.update_tasks(job.id, updates)
+    current = store.get_job(job.id).state
+    if report.confirmed:
+        if not current.is_terminal():
+            store.update_job(job.id, state=JobState.STOPPED, last_cause="stopped on request")
+        store.add_event(job.id, "stopped", "stopped on request (no supervisor)")
+    else:
+        cause = f"stop not confirmed: {report.describe()}; run `orchestrate stop` again"
+        if not current.is_terminal():
+            store.update_job(job.id, state=JobState.STOPPING, last_cause=cause)
+        store.add_event(job.id, "stop_unconfirmed", cause)
+    return report
+
+
+def fail_job(store: Store, job_id: str, cause: str) -> None:
+    """End a job FAILED that no supervisor will end: its supervisor could not be made, or died
+    before it ran the job."""
+    from orchestrator.job_state import JobStateMachine
+
+    machine = JobStateMachine(store, job_id)
+    if not machine.state.is_terminal():
+        machine.to(JobState.FAILED, last_cause=cause)
+        store.add_event(job_id, "failed", cause)
+
+
+@contextmanager
+def failing_job_on_error(store: Store, job_id: str) -> Iterator[None]:
+    """Whatever goes wrong while a supervisor is being made (a bad host entry that fabric
+    refuses, an unwritable ORCHESTRATE_HOME) ends the job FAILED with its cause, not PENDING
+    forever; nothing has been started yet."""
+    from orchestrator.errors import OrchestrateError
+
+    try:
+        yield
+    except OrchestrateError as exc:
+        fail_job(store, job_id, str(exc))
+        raise
+    except Exception as exc:
+        fail_job(store, job_id, f"{type(exc).__name__}: {exc}")
+        raise
+
+
+def needs_stop(store: Store, job: JobRecord) -> bool:
+    """A job is not over until every task is: a terminal job may still hold tasks whose stop
+    was never confirmed."""
+    return not job.state.is_terminal() or any(
+        not t.state.is_terminal() for t in store.tasks(job.id)
+    )

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import secrets
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from orchestrator.backends import Backend
@@ -13,7 +13,15 @@ from orchestrator.config import ClusterConfig, LocalBackend, SshBackend
 from orchestrator.errors import LaunchError, OrchestrateError, PreflightError
 from orchestrator.fanout import HostResults, each
 from orchestrator.plan import LaunchPlan, build_plan, fixed_ports, task_slots
-from worker.spec import ENV_PROFILE_STEPS, ENV_STRATEGY, HOST_PROTOCOL, JobLayout, WorkerSpec
+from orchestrator.transport.base import ProcessRef
+from worker.spec import (
+    ENV_JOB_ID,
+    ENV_PROFILE_STEPS,
+    ENV_STRATEGY,
+    HOST_PROTOCOL,
+    JobLayout,
+    WorkerSpec,
+)
 
 PROBE_TIMEOUT = 60.0
 AGENT_STOP_MARGIN = 2.0
@@ -122,6 +130,31 @@ def _check_shared(
     return each(range(len(labels)), read_back)
 
 
+LOW_SPACE = 1 << 20  # bytes: below this a shared directory is as good as full
+
+
+def shared_dir_trouble(
+    config: ClusterConfig, backend: Backend, host_indexes: Sequence[int]
+) -> list[str]:
+    """What is wrong with the shared directory as these hosts see it now (full, not writable,
+    gone), one phrase per host; hosts that do not answer are left out. Asked when a task fails
+    or goes silent: a full or read-only shared directory stops heartbeats and checkpoints, and
+    the cause should say so rather than only "silent"."""
+    labels = host_labels(config)
+    shared = str(config.job.shared_dir)
+
+    def check(i: int) -> str:
+        data = backend.transport(i).worker_call(
+            "probe", {"shared_dir": shared, "ports": 0, "token_file": None, "token": ""}, 10.0
+        )
+        if data.get("problems"):
+            return f"{', '.join(data['problems'])} on {labels[i]}"
+        free = int(data.get("free_bytes", LOW_SPACE))
+        return f"shared_dir full on {labels[i]} ({free} bytes free)" if free < LOW_SPACE else ""
+
+    return [t for t in each(sorted(set(host_indexes)), check).values() if t]
+
+
 def run_setup(config: ClusterConfig, backend: Backend) -> None:
     """Each host's `setup` commands, in order, once per job, before any agent starts."""
     if not isinstance(config.backend, SshBackend):
@@ -192,26 +225,36 @@ def make_specs(
 
 
 def start_agents(
-    backend: Backend, plan: LaunchPlan, specs: Sequence[WorkerSpec], stop_grace: float
-) -> dict[int, int]:
+    backend: Backend,
+    plan: LaunchPlan,
+    specs: Sequence[WorkerSpec],
+    stop_grace: float,
+    on_started: Callable[[AgentRef], None] = lambda agent: None,
+) -> list[AgentRef]:
     """Push every spec and start every agent in parallel; on any failure, stop those that did
-    start and raise LaunchError with each task's outcome. Returns task index -> agent pid."""
+    start and raise LaunchError with each task's outcome. `on_started` hears of each agent as
+    soon as its start returns (on the thread that started it), so that a coordinator killed
+    mid-launch has recorded every agent it started. Returns the agents in task order."""
 
-    def start(i: int) -> int:
+    def start(i: int) -> AgentRef:
         task, spec = plan.tasks[i], specs[i]
         layout = spec.layout
         spec_path = str(layout.spec_path(i))
-        return backend.transport(task.host_index).start_detached(
+        process = backend.transport(task.host_index).start_detached(
             [backend.python(task.host_index), "-m", "worker.agent", spec_path],
             log_path=str(layout.task_dir(i) / "agent.log"),
+            # Marks every process of the job (the trainer inherits it): a stop finds them by
+            # it even where no pid was recorded.
+            env={ENV_JOB_ID: spec.job_id},
             stdin_file=(spec_path, spec.to_json().encode()),
         )
+        agent = AgentRef(i, task.host_index, process.pid, process.ident)
+        on_started(agent)
+        return agent
 
     results = each(range(len(plan.tasks)), start)
     if not results.ok:
-        started = [
-            AgentRef(i, plan.tasks[i].host_index, pid) for i, pid in results.succeeded.items()
-        ]
+        started = results.values()
         stop_agents(backend, started, stop_grace + AGENT_STOP_MARGIN)
         detail = "; ".join(
             f"worker-{i}@{plan.tasks[i].host_label}: "
@@ -219,7 +262,7 @@ def start_agents(
             for i in results
         )
         raise LaunchError(f"could not start every task, none left running: {detail}")
-    return dict(results.succeeded)
+    return results.values()
 
 
 @dataclass(frozen=True)
@@ -227,6 +270,11 @@ class AgentRef:
     task_index: int
     host_index: int
     pid: int
+    ident: str = ""  # worker.proctl.identity of pid on its host ("": unknown)
+
+    @property
+    def process(self) -> ProcessRef:
+        return ProcessRef(self.pid, self.ident)
 
 
 def stop_agents(
@@ -241,7 +289,7 @@ def stop_agents(
 
     def stop(i: int) -> None:
         agent = by_task[i]
-        if not backend.transport(agent.host_index).stop_process_group(agent.pid, grace):
+        if not backend.transport(agent.host_index).stop_process_group(agent.process, grace):
             raise LaunchError(f"agent {agent.pid} still running after {grace:g}s")
 
     return each(by_task, stop)

@@ -14,6 +14,36 @@ from pathlib import Path
 
 ENV_HOME = "ORCHESTRATE_HOME"
 
+_user_umask = -1  # the umask this process was started with, once make_files_private ran
+
+
+def make_files_private() -> None:
+    """What the coordinator writes (the store, log copies, reports) is the user's alone: umask
+    077 for this process. Processes started for the user (agents, trainers, a detached
+    supervisor) get the user's own umask back (user_umask)."""
+    global _user_umask
+    previous = os.umask(0o077)
+    if _user_umask == -1:
+        _user_umask = previous
+
+
+def user_umask() -> int:
+    """The umask for processes we start for the user (-1: leave it as it is)."""
+    return _user_umask
+
+
+def ensure_home() -> Path:
+    """ORCHESTRATE_HOME, made private (0700). An existing directory is made private only when
+    it is ours and not a shared one such as /tmp (sticky): there the job directories and the
+    store are private themselves."""
+    home = orchestrate_home()
+    home.mkdir(mode=0o700, parents=True, exist_ok=True)
+    info = home.stat()
+    if info.st_uid == os.getuid() and info.st_mode & 0o077 and not info.st_mode & 0o1000:
+        home.chmod(0o700)
+    (home / "jobs").mkdir(mode=0o700, exist_ok=True)
+    return home
+
 
 def orchestrate_home() -> Path:
     env = os.environ.get(ENV_HOME)

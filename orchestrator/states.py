@@ -13,6 +13,7 @@ class TaskState(StrEnum):
     FAILED = "failed"  # trainer exited non-zero
     STOPPED = "stopped"  # stopped on request (stop, or the group was stopped)
     LOST = "lost"  # agent vanished or went silent without a final status
+    UNREACHABLE = "unreachable"  # a stop could not reach its host: not confirmed stopped
 
     def is_terminal(self) -> bool:
         return self in _TERMINAL_TASK

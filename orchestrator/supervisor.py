@@ -10,6 +10,7 @@ module does the I/O: status files, log streaming, store updates, stopping, relau
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import signal
 import socket
@@ -33,6 +34,7 @@ from orchestrator.launcher import (
     plan_launch,
     preflight,
     run_setup,
+    shared_dir_trouble,
     start_agents,
     stop_agents,
 )
@@ -45,6 +47,7 @@ from orchestrator.restart_policy import plan_restart
 from orchestrator.states import JobState, TaskState
 from orchestrator.store import JobRecord, Store, TaskRecord
 from orchestrator.tick import Group, Tick, Watch
+from worker.proctl import identity
 
 # A group that failed is broken (MWMS collectives cannot complete): no checkpoint can be taken,
 # and a trainer blocked in a collective ignores SIGTERM anyway. So its tasks get only a moment
@@ -82,6 +85,8 @@ class Supervisor:
         self._watch_state = Watch(started=time.monotonic())
         self.job_state = JobStateMachine(store, job.id)  # the only writer of the job's state
         self._live: Group | None = None  # the group started and not yet stopped
+        self._starting: list[AgentRef] = []  # agents started by a launch still under way
+        self._record_lock = threading.Lock()
 
     def install_signal_handlers(self) -> None:
         def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -99,7 +104,9 @@ class Supervisor:
         """Supervise a job whose agents are running but whose supervisor is gone."""
         tasks = self.store.tasks(self.job.id)
         plan = LaunchPlan(self.job.name, tuple(_task_plan(t) for t in tasks))
-        agents = [AgentRef(t.idx, t.host_index, t.agent_pid) for t in tasks if t.agent_pid]
+        agents = [
+            AgentRef(t.idx, t.host_index, t.agent_pid, t.agent_ident) for t in tasks if t.agent_pid
+        ]
         log_copies = self.sink.copy_dir
         self.tick.tailers = {
             t.index: LogTailer(
@@ -123,6 +130,7 @@ class Supervisor:
         self.job_state.to(
             JobState.RUNNING if adopted else JobState.LAUNCHING,
             supervisor_pid=os.getpid(),
+            supervisor_ident=identity(os.getpid()) or "",
             supervisor_host=socket.gethostname(),
         )
         try:
@@ -150,11 +158,42 @@ class Supervisor:
         self._live = group
         return group, self._watch(group)
 
+    def _name_shared_dir_trouble(self, group: Group, decision: Decision) -> Decision:
+        """A failed or silent task whose host's shared directory is full or unwritable: say so
+        in the cause (the trainer's own error, or a missing heartbeat, does not)."""
+        hosts = [group.plan.tasks[i].host_index for i in decision.tasks]
+        try:
+            trouble = shared_dir_trouble(self.config, self.backend, hosts)
+        except OrchestrateError:
+            return decision
+        if not trouble:
+            return decision
+        return dataclasses.replace(decision, cause=f"{decision.cause}; {'; '.join(trouble)}")
+
+    def _record_agent(self, agent: AgentRef) -> None:
+        """An agent just started (on a launch thread): into the store at once, so that no
+        agent runs unrecorded whatever becomes of this process."""
+        with self._record_lock:
+            self._starting.append(agent)
+            self.store.update_tasks(
+                self.job.id,
+                {
+                    agent.task_index: {
+                        "agent_pid": agent.pid,
+                        "agent_ident": agent.ident,
+                        "state": TaskState.STARTING,
+                    }
+                },
+            )
+
     def _fail_on_error(self, cause: str) -> None:
         """An error ends the job FAILED with its cause, after stopping whatever it started."""
         if self._live is not None:
             with contextlib.suppress(Exception):
                 self._stop_group(self._live, BROKEN_GROUP_GRACE)
+        elif self._starting:  # it failed in the middle of starting agents
+            with contextlib.suppress(Exception):
+                stop_agents(self.backend, self._starting, BROKEN_GROUP_GRACE)
         if not self.job_state.state.is_terminal():
             self._finish(JobState.FAILED, cause)
 
@@ -173,6 +212,8 @@ class Supervisor:
                     assert group is not None
                     return self._succeed(group, outcome)
                 decision = outcome
+            if group is not None and decision.tasks:
+                decision = self._name_shared_dir_trouble(group, decision)
             self.job_state.to(JobState.STOPPING, last_cause=decision.cause)
             self.store.add_event(self.job.id, "failure", decision.cause, *decision.tasks[:1])
             self.sink.info(f"{decision.cause}: stopping every task")
@@ -220,16 +261,18 @@ class Supervisor:
         plan = plan_launch(config, reports)  # ports probed afresh: TF_CONFIG rebuilt
         specs = make_specs(config, plan, job_id, attempt, self.backend)
         self.store.replace_tasks(job_id, self._task_records(plan, attempt))
-        pids = start_agents(self.backend, plan, specs, config.supervision.stop_grace)
-        agents = [AgentRef(i, plan.tasks[i].host_index, pid) for i, pid in pids.items()]
-        group = self._live = Group(attempt, plan, agents)
-        self.store.update_tasks(
-            job_id, {i: {"agent_pid": pid, "state": TaskState.STARTING} for i, pid in pids.items()}
+        self._starting = []
+        agents = start_agents(
+            self.backend, plan, specs, config.supervision.stop_grace, self._record_agent
         )
+        group = self._live = Group(attempt, plan, agents)
+        self._starting = []
         self.job_state.to(JobState.RUNNING, attempt=attempt)
-        self.store.add_event(job_id, "launched", f"attempt {attempt}: {len(pids)} task(s) started")
+        self.store.add_event(
+            job_id, "launched", f"attempt {attempt}: {len(agents)} task(s) started"
+        )
         self.sink.info(
-            f"job {job_id}: {len(pids)} task(s) running; "
+            f"job {job_id}: {len(agents)} task(s) running; "
             + ", ".join(f"worker-{t.index}={t.endpoint}" for t in plan.tasks)
         )
         if not self.tick.tailers:

@@ -202,13 +202,13 @@ class Tick:
         """One host's part of a tick (on a thread of its own), in one round trip: liveness when
         due, then each task's new log bytes and status file. Raises when the host is
         unreachable."""
-        pids = [a.pid for a in agents]
+        procs = [a.process for a in agents]
         files: list[tuple[str, int]] = []
         for agent in agents:
             i = agent.task_index
             files += [(str(self.layout.log_path(i)), self.tailers[i].offset),
                       (str(self.layout.status_path(i)), 0)]  # fmt: skip
-        seen = self.backend.transport(host_index).observe(pids if check_alive else None, files)
+        seen = self.backend.transport(host_index).observe(procs if check_alive else None, files)
         read = HostRead(alive=seen.alive)
         for k, agent in enumerate(agents):
             i = agent.task_index
@@ -232,9 +232,8 @@ class Tick:
         by_host = agents_by_host(agents)
 
         def check(host_index: int) -> set[int]:
-            return self.backend.transport(host_index).alive_pids(
-                [a.pid for a in by_host[host_index]]
-            )
+            procs = [a.process for a in by_host[host_index]]
+            return self.backend.transport(host_index).alive_pids(procs)
 
         results = self.fanout.each(by_host, check)
         return set().union(  # unreachable for now is not proof of death

@@ -31,7 +31,6 @@ import testbed as tb  # noqa: E402
 from orchestrator.backends import open_backend  # noqa: E402
 from orchestrator.config import load_config  # noqa: E402
 from orchestrator.launcher import (  # noqa: E402
-    AgentRef,
     make_specs,
     plan_launch,
     preflight,
@@ -64,10 +63,9 @@ def orchestrate_round(config_path: Path, job: str) -> dict[str, float]:
     t1 = time.perf_counter()
     plan = plan_launch(cfg, reports)
     specs = make_specs(cfg, plan, job, 0, backend)
-    pids = start_agents(backend, plan, specs, stop_grace=2.0)
+    agents = start_agents(backend, plan, specs, stop_grace=2.0)
     t2 = time.perf_counter()
     cpu = time.process_time() - cpu0
-    agents = [AgentRef(i, plan.tasks[i].host_index, pid) for i, pid in pids.items()]
     stop_agents(backend, agents, 2.0)
     backend.close()
     return {"preflight": t1 - t0, "start": t2 - t1, "launch": t2 - t0, "cpu": cpu}

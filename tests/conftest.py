@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+FAKE = REPO / "tests" / "fixtures" / "fake_trainer.py"  # a trainer without TensorFlow
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
@@ -77,6 +78,31 @@ def wait_for(predicate: Callable[[], object], timeout: float, interval: float = 
             return value
         time.sleep(interval)
     raise AssertionError(f"condition not met within {timeout}s")
+
+
+def fake_job(tmp_path: Path, args: list[str], workers: int = 2, extra: str = "") -> str:
+    shared = tmp_path / "shared"
+    shared.mkdir(exist_ok=True)
+    return f"""
+[job]
+name = "fake"
+shared_dir = "{shared}"
+
+[entrypoint]
+script = "{FAKE}"
+args = {json.dumps(args)}
+env = {{ NASTY = "; $(x) ' \\" \\\\ and spaces" }}
+
+[backend]
+type = "local"
+workers = {workers}
+
+[supervision]
+heartbeat_interval = 0.2
+stop_grace = 2.0
+poll_interval = 0.1
+{extra}
+"""
 
 
 def two_worker_config(

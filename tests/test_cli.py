@@ -11,35 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, CliResult, status_json, wait_for
+from tests.conftest import REPO, CliResult, fake_job, status_json, wait_for
 from worker.proctl import is_alive
-
-FAKE = Path(__file__).parent / "fixtures" / "fake_trainer.py"
-
-
-def fake_job(tmp_path: Path, args: list[str], workers: int = 2, extra: str = "") -> str:
-    shared = tmp_path / "shared"
-    shared.mkdir(exist_ok=True)
-    return f"""
-[job]
-name = "fake"
-shared_dir = "{shared}"
-
-[entrypoint]
-script = "{FAKE}"
-args = {json.dumps(args)}
-env = {{ NASTY = "; $(x) ' \\" \\\\ and spaces" }}
-
-[backend]
-type = "local"
-workers = {workers}
-
-[supervision]
-heartbeat_interval = 0.2
-stop_grace = 2.0
-poll_interval = 0.1
-{extra}
-"""
 
 
 def test_importing_the_cli_and_running_status_never_imports_tensorflow(home: Path) -> None:

@@ -22,6 +22,7 @@ from orchestrator.backends.ssh import SshHosts
 from orchestrator.config import SshBackend, load_config
 from orchestrator.errors import LaunchError, TransportError
 from orchestrator.launcher import make_specs, plan_launch, preflight, start_agents
+from orchestrator.transport.base import ProcessRef
 from orchestrator.transport.ssh import SshTransport
 from tests import test_transport_contract as contract
 from tests.conftest import IN_CI, REPO, CliResult, status_json, wait_for
@@ -267,7 +268,7 @@ def test_a_host_with_another_orchestrate_version_fails_preflight_naming_it(
 def test_a_host_failing_to_start_rolls_back_the_others(bed: tb.Testbed, tmp_path: Path) -> None:
     cfg = load_config(fake_toml(bed, tmp_path, ["--mode", "sleep"]))
     backend = SshHosts(cfg.backend)  # type: ignore[arg-type]
-    started: dict[int, int] = {}
+    started: dict[int, ProcessRef] = {}
     real = [backend.transport(i) for i in range(3)]
 
     class Starts:  # records what the real transport started
@@ -277,12 +278,12 @@ def test_a_host_failing_to_start_rolls_back_the_others(bed: tb.Testbed, tmp_path
         def __getattr__(self, name: str) -> object:
             return getattr(self.inner, name)
 
-        def start_detached(self, argv: list[str], **kw: object) -> int:
+        def start_detached(self, argv: list[str], **kw: object) -> ProcessRef:
             if self.index == 2:
                 raise TransportError("h2: injected start failure")
-            pid = self.inner.start_detached(argv, **kw)  # type: ignore[arg-type]
-            started[self.index] = pid
-            return pid
+            proc = self.inner.start_detached(argv, **kw)  # type: ignore[arg-type]
+            started[self.index] = proc
+            return proc
 
     recorded = [Starts(t, i) for i, t in enumerate(real)]
 
@@ -313,8 +314,8 @@ def test_a_host_failing_to_start_rolls_back_the_others(bed: tb.Testbed, tmp_path
         assert "worker-2@h2: h2: injected start failure" in message
         assert "worker-0@h0: started, then stopped" in message
         assert sorted(started) == [0, 1]
-        for i, pid in started.items():
-            assert real[i].alive_pids([pid]) == set()  # checked on the host itself
+        for i, proc in started.items():
+            assert real[i].alive_pids([proc]) == set()  # checked on the host itself
             assert processes_in(bed.hosts[i].namespace, "worker.agent") == []
             assert processes_in(bed.hosts[i].namespace, "fake_trainer") == []
     finally:

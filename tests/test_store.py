@@ -92,10 +92,11 @@ def test_a_store_of_the_previous_schema_is_upgraded_in_place(tmp_path: Path) -> 
     total_epochs INTEGER NOT NULL DEFAULT 0,
     steps_per_epoch INTEGER NOT NULL DEFAULT 0,
     epoch_step INTEGER NOT NULL DEFAULT 0,
+    agent_ident TEXT NOT NULL DEFAULT '',
 """,
         "",
-    )
-    assert "phase" not in old_schema
+    ).replace(",\n    supervisor_ident TEXT NOT NULL DEFAULT ''", "")
+    assert "phase" not in old_schema and "_ident" not in old_schema
     with sqlite3.connect(db) as raw:
         raw.executescript(old_schema)
         raw.execute("PRAGMA user_version = 1")
@@ -112,4 +113,7 @@ def test_a_store_of_the_previous_schema_is_upgraded_in_place(tmp_path: Path) -> 
     assert (task.step, task.phase, task.step_signal) == (9, Phase.NONE, StepSignal.NONE)
     store.update_tasks("old-1", {0: {"phase": Phase.FINISHED, "total_epochs": 3}})
     assert store.tasks("old-1")[0].phase == Phase.FINISHED
+    store.update_tasks("old-1", {0: {"agent_ident": "boot:123"}})  # schema 3's columns too
+    store.update_job("old-1", supervisor_ident="boot:456")
+    assert store.get_job("old-1").supervisor_ident == "boot:456"
     assert Store(db).get_job("old").state == JobState.SUCCEEDED  # opens again, no migration

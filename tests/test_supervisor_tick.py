@@ -22,7 +22,7 @@ from orchestrator.states import TaskState
 from orchestrator.store import Store
 from orchestrator.supervisor import Supervisor
 from orchestrator.tick import Group, Watch
-from orchestrator.transport.base import Observation, Transport
+from orchestrator.transport.base import Observation, ProcessRef, Transport
 from worker.spec import AgentState, TaskStatus
 
 HOSTS = 4
@@ -40,7 +40,9 @@ class MemoryHost:
         self.status: bytes | None = None  # the agent's status file, once it has one
         self.hang = 0.0  # seconds the down host takes to fail
 
-    def observe(self, pids: Sequence[int] | None, files: Sequence[tuple[str, int]]) -> Observation:
+    def observe(
+        self, procs: Sequence[ProcessRef] | None, files: Sequence[tuple[str, int]]
+    ) -> Observation:
         self.calls += 1
         self.barrier.wait(timeout=10)  # BrokenBarrierError (a test failure) if read one by one
         if self.index == DOWN:
@@ -52,7 +54,7 @@ class MemoryHost:
                 data.append(f"hello from host {self.index}\n".encode()[offset:])
             else:
                 data.append(self.status)  # None: no status file yet, the task is starting
-        return Observation(None if pids is None else set(pids), tuple(data))
+        return Observation(None if procs is None else {p.pid for p in procs}, tuple(data))
 
     def __getattr__(self, name: str) -> Any:
         raise AssertionError(f"a tick should not call {name}")

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.errors import TransportError
-from orchestrator.transport.base import Observation, Transport
+from orchestrator.transport.base import Observation, ProcessRef, Transport
 from orchestrator.transport.local import LocalTransport
 from worker import proctl
 
@@ -71,14 +71,17 @@ def check_files(t: Transport, remote_dir: str, local_dir: Path) -> None:
 def check_observe_liveness(t: Transport, python: str, remote_dir: str) -> None:
     """observe() checks liveness before it reads (an exited agent's final status is seen)."""
     log = f"{remote_dir}/o.log"
-    pid = t.start_detached([python, "-c", "import time; time.sleep(60)"], log_path=log)
+    proc = t.start_detached([python, "-c", "import time; time.sleep(60)"], log_path=log)
+    pid = proc.pid
     try:
-        never = 4_194_999  # above Linux's largest pid_max (2**22): no such process
-        seen = t.observe([pid, never], [(log, 0)])
+        never = ProcessRef(4_194_999)  # above Linux's largest pid_max (2**22): no such process
+        impostor = ProcessRef(pid, proc.ident + "0")  # the pid, held by another process
+        seen = t.observe([proc, never], [(log, 0)])
         assert seen.alive == {pid} and seen.files == (b"",)
+        assert t.observe([impostor], []).alive == set()
     finally:
-        assert t.stop_process_group(pid, 1.0)
-    assert t.observe([pid], []).alive == set()
+        assert t.stop_process_group(proc, 1.0)
+    assert t.observe([proc], []).alive == set()
 
 
 def check_detached_start_and_group_stop(t: Transport, python: str, remote_dir: str) -> None:
@@ -91,15 +94,20 @@ def check_detached_start_and_group_stop(t: Transport, python: str, remote_dir: s
     )
     log = f"{remote_dir}/detached.log"
     start = time.monotonic()
-    pid = t.start_detached([python, "-c", code], log_path=log)
+    proc = t.start_detached([python, "-c", code], log_path=log)
+    pid = proc.pid
+    assert proc.ident  # its identity came back with it
     assert time.monotonic() - start < 5  # returns at once, not when the command ends
     deadline = time.monotonic() + 20
     while b"child up" not in (t.read_file(log) or b"") and time.monotonic() < deadline:
         time.sleep(0.1)
     assert b"child up" in (t.read_file(log) or b"")
-    assert t.alive_pids([pid]) == {pid}
-    assert t.stop_process_group(pid, grace=0.5) is True
-    assert t.alive_pids([pid]) == set()
+    assert t.alive_pids([proc]) == {pid}
+    # Another identity for the same pid (a reused pid) is never signalled: reported gone.
+    assert t.stop_process_group(ProcessRef(pid, proc.ident + "0"), grace=0.5) is True
+    assert t.alive_pids([proc]) == {pid}
+    assert t.stop_process_group(proc, grace=0.5) is True
+    assert t.alive_pids([proc]) == set()
 
 
 @pytest.fixture
@@ -132,14 +140,15 @@ def test_local_detached_and_stop(local: LocalTransport, tmp_path: Path) -> None:
 
 
 def test_detached_process_is_its_own_session(local: LocalTransport, tmp_path: Path) -> None:
-    pid = local.start_detached(
+    proc = local.start_detached(
         [PY, "-c", "import time; time.sleep(60)"], log_path=str(tmp_path / "l")
     )
+    pid = proc.pid
     try:
         assert os.getsid(pid) == pid and os.getpgid(pid) == pid
         assert stat.S_ISREG(os.stat(tmp_path / "l").st_mode)
     finally:
-        assert local.stop_process_group(pid, grace=2)
+        assert local.stop_process_group(proc, grace=2)
 
 
 def test_zombies_are_not_alive() -> None:

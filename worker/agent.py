@@ -9,6 +9,7 @@ then SIGKILL), and makes sure the trainer never outlives it (PR_SET_PDEATHSIG).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
@@ -21,6 +22,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
+from typing import BinaryIO
 
 from worker.spec import (
     ENV_ATTEMPT,
@@ -37,6 +39,7 @@ from worker.spec import (
 )
 
 _PR_SET_PDEATHSIG = 1
+FINAL_STATUS_PATIENCE = 30.0  # seconds to keep trying to write the final status
 BOOTSTRAP = str(Path(__file__).resolve().with_name("bootstrap.py"))
 
 
@@ -119,6 +122,7 @@ class Agent:
         self._stop_requested = threading.Event()
         self._stop_deadline: float | None = None
         self._trainer: subprocess.Popen[bytes] | None = None
+        self._write_failing = False
 
     def run(self) -> int:
         spec = self.spec
@@ -130,9 +134,10 @@ class Agent:
         self._write_status(AgentState.STARTING)
 
         with open(self.log_path, "ab", buffering=0) as log:
-            log.write(
-                f"[orchestrate] attempt {spec.attempt}: {spec.task_type}-{spec.task_index} "
-                f"on {spec.host_label} starting\n".encode()
+            _note(
+                log,
+                f"attempt {spec.attempt}: {spec.task_type}-{spec.task_index} "
+                f"on {spec.host_label} starting",
             )
             try:
                 self._trainer = subprocess.Popen(
@@ -145,15 +150,19 @@ class Agent:
                     preexec_fn=_die_with_parent,
                 )
             except OSError as exc:
-                log.write(f"[orchestrate] cannot start trainer: {exc}\n".encode())
+                _note(log, f"cannot start trainer: {exc}")
                 self._write_status(AgentState.FAILED, exit_code=127, message=str(exc))
                 return 127
             if self._stop_requested.is_set():  # a stop arrived while we were starting
                 self._forward_stop()
             code = self._supervise(self._trainer)
             state = self._final_state(code)
-            log.write(f"[orchestrate] trainer exited with code {code} ({state})\n".encode())
-        self._write_status(state, exit_code=code)
+            _note(log, f"trainer exited with code {code} ({state})")
+        # The final status is what tells the coordinator how the trainer ended: keep trying a
+        # while if the shared directory refuses it (full, or gone read-only for a moment).
+        deadline = time.monotonic() + FINAL_STATUS_PATIENCE
+        while not self._write_status(state, exit_code=code) and time.monotonic() < deadline:
+            time.sleep(min(1.0, self.spec.heartbeat_interval))
         return code
 
     def _final_state(self, code: int) -> AgentState:
@@ -194,7 +203,11 @@ class Agent:
 
     def _write_status(
         self, state: AgentState, exit_code: int | None = None, message: str = ""
-    ) -> None:
+    ) -> bool:
+        """Write the status file (a heartbeat). A write the shared directory refuses (full,
+        read-only, gone) must not end the agent: that would orphan a training trainer. It is
+        said on stderr once per run of failures and tried again at the next heartbeat; the
+        coordinator sees the heartbeat stop and names the directory's state as the cause."""
         self._seq += 1
         trainer = self._trainer
         status = TaskStatus(
@@ -207,7 +220,29 @@ class Agent:
             progress=self._read_progress(),
             message=message,
         )
-        write_json_atomic(self.status_path, status.to_dict())
+        try:
+            write_json_atomic(self.status_path, status.to_dict())
+        except OSError as exc:
+            if not self._write_failing:
+                _say(f"[orchestrate] cannot write {self.status_path}: {exc}")
+            self._write_failing = True
+            return False
+        if self._write_failing:
+            _say(f"[orchestrate] {self.status_path} writable again")
+        self._write_failing = False
+        return True
+
+
+def _say(text: str) -> None:
+    """A line on stderr (agent.log, itself on the shared directory, which may be full)."""
+    with contextlib.suppress(OSError, ValueError):
+        print(text, file=sys.stderr, flush=True)
+
+
+def _note(log: BinaryIO, text: str) -> None:
+    """A line of our own in the task's log; a full shared directory must not end the agent."""
+    with contextlib.suppress(OSError):
+        log.write(f"[orchestrate] {text}\n".encode())
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,7 +5,7 @@ answers with JSON lines on stdout. Each request then costs one round trip, with 
 start-up and no interpreter start-up on the host (about 80 ms and 40 ms per command otherwise).
 Requests run in threads, so a slow `stop` does not hold up a `probe`. Standard library only.
 
-Operations (`handle`): probe, read_tokens, alive, observe, stop, start, remove.
+Operations (`handle`): probe, read_tokens, alive, observe, stop, stop_job, start, remove.
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ from worker.atomic import makedirs_private, write_bytes_atomic
 
 
 def start(argv: list[str], log_path: str, env: dict[str, str] | None = None,
-          file: tuple[str, str] | None = None) -> int:  # fmt: skip
+          file: tuple[str, str] | None = None) -> dict[str, Any]:  # fmt: skip
     """Write the file (its bytes as a latin-1 string, mode 0600), then start argv in a new
     session, standard streams detached, output appended to log_path. Returns its pid (which is
-    also its process group)."""
+    also its process group) and identity."""
     if file is not None:
         path, data = file
         makedirs_private(os.path.dirname(path))
@@ -42,20 +42,25 @@ def start(argv: list[str], log_path: str, env: dict[str, str] | None = None,
             env={**os.environ, **(env or {})},
             start_new_session=True,
         )
+    ident = proctl.identity(proc.pid) or ""  # read before the reaper can reap it
     threading.Thread(target=proc.wait, daemon=True).start()  # reap it; it outlives us if need be
-    return proc.pid
+    return {"pid": proc.pid, "ident": ident}
 
 
 READ_LIMIT = 1 << 20  # bytes of one file per observe: a burst of log is read over a few ticks
 
 
 def observe(
-    pids: list[int] | None, files: list[tuple[str, int]], limit: int = READ_LIMIT
+    pids: list[int] | None,
+    files: list[tuple[str, int]],
+    limit: int = READ_LIMIT,
+    idents: list[str] | None = None,
 ) -> tuple[set[int] | None, list[bytes | None]]:
-    """One supervisor tick's reads on this host: which of pids live (None: not asked), then each
-    file from its offset, at most `limit` bytes (None: no such file). Liveness comes first: an
-    agent found gone has already written its final status, which the read then sees."""
-    alive = proctl.alive(pids) if pids is not None else None
+    """One supervisor tick's reads on this host: which of pids live (None: not asked; with
+    their recorded identities), then each file from its offset, at most `limit` bytes (None: no
+    such file). Liveness comes first: an agent found gone has already written its final status,
+    which the read then sees."""
+    alive = proctl.alive(pids, idents) if pids is not None else None
     data: list[bytes | None] = []
     for path, offset in files:
         try:
@@ -74,16 +79,18 @@ def handle(op: str, args: dict[str, Any]) -> Any:
     if op == "read_tokens":
         return probe.read_tokens(args["paths"])
     if op == "alive":
-        return sorted(proctl.alive(args["pids"]))
+        return sorted(proctl.alive(args["pids"], args.get("idents")))
     if op == "observe":
         alive, data = observe(args.get("pids"), [(p, int(o)) for p, o in args["files"]],
-                              int(args.get("limit", READ_LIMIT)))  # fmt: skip
+                              int(args.get("limit", READ_LIMIT)), args.get("idents"))  # fmt: skip
         return {
             "alive": None if alive is None else sorted(alive),
             "files": [None if d is None else base64.b64encode(d).decode("ascii") for d in data],
         }
     if op == "stop":
-        return proctl.stop_group(int(args["pgid"]), float(args["grace"]))
+        return proctl.stop_group(int(args["pgid"]), float(args["grace"]), args.get("ident", ""))
+    if op == "stop_job":
+        return proctl.stop_job(str(args["job_id"]), float(args["grace"]))
     if op == "remove":  # a directory tree we made (preflight tokens)
         shutil.rmtree(args["path"], ignore_errors=True)
         return True

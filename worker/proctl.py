@@ -1,6 +1,16 @@
 """Process control on a worker host, shared by every transport: which pids are alive (zombies
 are not), and stopping a whole process group (SIGTERM, grace, SIGKILL).
 
+A pid alone does not name a process for long: once it exits the kernel hands the number to the
+next process. So every process we start is recorded with its identity (this boot's id and its
+start time in clock ticks, both from /proc), and nothing is signalled or called alive unless the
+process holding the pid now has that identity. A process group is safe to signal while its
+leader lives with the recorded identity, or after the leader exited while members remain: Linux
+does not reuse a pid that still names a process group.
+
+The job's processes can also be found with no pid at all: every agent and trainer carries
+ORCHESTRATE_JOB_ID=<job> in its environment (`find_job`, `stop_job`).
+
 The local transport calls these functions directly; on a remote host the host helper
 (worker.hostd, one per SSH connection) calls them for its `alive`, `observe` and `stop`
 requests.
@@ -13,7 +23,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 
 def _stat_fields(pid: int) -> list[str] | None:
@@ -26,13 +36,43 @@ def _stat_fields(pid: int) -> list[str] | None:
     return raw[raw.rfind(")") + 2 :].split()
 
 
+_boot_id: str | None = None
+
+
+def boot_id() -> str:
+    global _boot_id
+    if _boot_id is None:
+        try:
+            with open("/proc/sys/kernel/random/boot_id") as fh:
+                _boot_id = fh.read().strip()
+        except OSError:
+            _boot_id = "unknown-boot"
+    return _boot_id
+
+
+def identity(pid: int) -> str | None:
+    """`<boot id>:<start time>` of the process holding pid now; None when there is none."""
+    fields = _stat_fields(pid)
+    if fields is None or len(fields) < 20:
+        return None
+    return f"{boot_id()}:{fields[19]}"  # field 22 of stat, starttime
+
+
+def is_same(pid: int, ident: str) -> bool:
+    """The process holding pid now is the one recorded with `ident` ("" trusts the pid)."""
+    return is_alive(pid) and (not ident or identity(pid) == ident)
+
+
 def is_alive(pid: int) -> bool:
     fields = _stat_fields(pid)
     return fields is not None and fields[0] not in ("Z", "X")
 
 
-def alive(pids: Iterable[int]) -> set[int]:
-    return {pid for pid in pids if is_alive(pid)}
+def alive(pids: Iterable[int], idents: Sequence[str] | None = None) -> set[int]:
+    """Which pids live (with the recorded identity, where `idents` gives one per pid)."""
+    pids = list(pids)
+    marks = list(idents) if idents is not None else [""] * len(pids)
+    return {pid for pid, ident in zip(pids, marks, strict=True) if is_same(pid, ident)}
 
 
 def group_members(pgid: int) -> set[int]:
@@ -53,35 +93,96 @@ def _signal_group(pgid: int, sig: signal.Signals) -> None:
         os.killpg(pgid, sig)
 
 
-def stop_group(pgid: int, grace: float, poll: float = 0.05) -> bool:
+def group_is_ours(pgid: int, ident: str) -> bool:
+    """The group pgid is still the one whose leader we recorded as `ident`: the leader lives
+    with that identity, or it is gone (members of its group keep its pid from being reused)."""
+    if not ident:
+        return True
+    now = identity(pgid)
+    return now is None or now == ident
+
+
+def stop_group(pgid: int, grace: float, ident: str = "", poll: float = 0.05) -> bool:
     """SIGTERM every process of the group, wait up to grace, SIGKILL the rest. True when none
-    is left. pgid must be a session/group leader we started (the agent)."""
+    is left. pgid must be a session/group leader we started (the agent), recorded as `ident`;
+    a pid that now names someone else's process is never signalled (ours is gone: True)."""
     if pgid <= 1:
         raise ValueError(f"refusing to signal process group {pgid}")
-    if not group_members(pgid):
-        return True
-    _signal_group(pgid, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline:
-        if not group_members(pgid):
+
+    def gone() -> bool:
+        return not group_is_ours(pgid, ident) or not group_members(pgid)
+
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+        if gone():
             return True
-        time.sleep(poll)
-    _signal_group(pgid, signal.SIGKILL)
-    deadline = time.monotonic() + 5.0
-    while time.monotonic() < deadline:
-        if not group_members(pgid):
-            return True
-        time.sleep(poll)
-    return False
+        _signal_group(pgid, sig)
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            if gone():
+                return True
+            time.sleep(poll)
+    return gone()
+
+
+def _environ_has(pid: int, marker: bytes) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as fh:
+            return marker in b"\0" + fh.read()
+    except OSError:  # gone, or another user's
+        return False
+
+
+def find_job(job_id: str) -> list[tuple[int, int, str]]:
+    """Every live process of ours that carries ORCHESTRATE_JOB_ID=job_id in its environment:
+    (pid, process group, identity)."""
+    marker = f"\0ORCHESTRATE_JOB_ID={job_id}\0".encode()
+    found = []
+    me = os.getpid()
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == me:
+            continue
+        pid = int(name)
+        fields = _stat_fields(pid)
+        if fields is None or fields[0] in ("Z", "X") or not _environ_has(pid, marker):
+            continue
+        ident = identity(pid)
+        if ident is not None:
+            found.append((pid, int(fields[2]), ident))
+    return found
+
+
+def stop_job(job_id: str, grace: float, poll: float = 0.1) -> list[int]:
+    """Stop every process of the job on this host, found by its environment (whether or not a
+    pid was ever recorded): SIGTERM, grace, SIGKILL. Each is signalled through its process
+    group when the group is the job's own (its leader is one of them, or gone), else alone,
+    and only after checking it is still the process found. Returns the pids left alive."""
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+        found = find_job(job_id)
+        if not found:
+            return []
+        ours = {pid for pid, _, _ in found}
+        for pid, pgid, ident in found:
+            if identity(pid) != ident:
+                continue
+            if pgid in ours or (pgid > 1 and identity(pgid) is None and group_members(pgid)):
+                _signal_group(pgid, sig)
+            else:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, sig)
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline and find_job(job_id):
+            time.sleep(poll)
+    return [pid for pid, _, _ in find_job(job_id)]
 
 
 def main(argv: list[str]) -> int:
     if len(argv) >= 1 and argv[0] == "alive":
         print(" ".join(str(p) for p in sorted(alive(int(a) for a in argv[1:]))))
         return 0
-    if len(argv) == 3 and argv[0] == "stop":
-        return 0 if stop_group(int(argv[1]), float(argv[2])) else 1
-    print("usage: python -m worker.proctl alive PID... | stop PGID GRACE", file=sys.stderr)
+    if len(argv) in (3, 4) and argv[0] == "stop":
+        ident = argv[3] if len(argv) == 4 else ""
+        return 0 if stop_group(int(argv[1]), float(argv[2]), ident) else 1
+    print("usage: python -m worker.proctl alive PID... | stop PGID GRACE [IDENT]", file=sys.stderr)
     return 2
 
 

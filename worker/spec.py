@@ -16,8 +16,9 @@ __all__ = ["write_bytes_atomic", "write_json_atomic"]  # re-exported: part of th
 SPEC_VERSION = 2
 # The host helper's request set and the spec it starts agents with. The coordinator refuses a
 # host whose worker package answers with another (an older orchestrate installed there): bump
-# it when a helper operation or the spec changes. 3: the spec gained `instrument`.
-HOST_PROTOCOL = 3
+# it when a helper operation or the spec changes. 3: the spec gained `instrument`. 4: processes
+# are named by pid and identity (start returns both; alive, observe and stop check it), stop_job.
+HOST_PROTOCOL = 4
 _D = TypeVar("_D")
 
 # Environment a trainer sees, besides TF_CONFIG and the user's env.

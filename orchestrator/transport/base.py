@@ -27,6 +27,16 @@ class CommandResult:
 
 
 @dataclass(frozen=True)
+class ProcessRef:
+    """A process we started on a host: its pid and its identity (worker.proctl.identity: the
+    boot and its start time), so that a pid the kernel has since given to someone else is never
+    signalled nor taken for ours. An empty identity (unknown) trusts the pid."""
+
+    pid: int
+    ident: str = ""
+
+
+@dataclass(frozen=True)
 class Observation:
     """One host's reads for a supervisor tick (Transport.observe)."""
 
@@ -66,9 +76,9 @@ class Transport(Protocol):
         log_path: str,
         env: Mapping[str, str] | None = None,
         stdin_file: tuple[str, bytes] | None = None,
-    ) -> int:
+    ) -> ProcessRef:
         """Start argv in a new session (its pid is its process group id), standard streams
-        detached, output appended to log_path; return its pid at once. With stdin_file
+        detached, output appended to log_path; return its pid and identity at once. With stdin_file
         (path, data), first write data to path (mode 0600, new directories 0700): remote
         transports do both in one round trip."""
         ...
@@ -89,18 +99,26 @@ class Transport(Protocol):
         """The bytes of path from offset to its end; None when the file does not exist."""
         ...
 
-    def alive_pids(self, pids: Sequence[int]) -> set[int]:
-        """Which of these pids are running processes (zombies are not)."""
+    def alive_pids(self, procs: Sequence[ProcessRef]) -> set[int]:
+        """Which of these processes run (zombies do not; nor does a pid now someone else's)."""
         ...
 
-    def observe(self, pids: Sequence[int] | None, files: Sequence[tuple[str, int]]) -> Observation:
-        """In one round trip: alive_pids(pids) (unless None), then read_file(path, offset) for
+    def observe(
+        self, procs: Sequence[ProcessRef] | None, files: Sequence[tuple[str, int]]
+    ) -> Observation:
+        """In one round trip: alive_pids(procs) (unless None), then read_file(path, offset) for
         each file (at most worker.hostd.READ_LIMIT bytes of each)."""
         ...
 
-    def stop_process_group(self, pgid: int, grace: float) -> bool:
-        """SIGTERM the group, wait up to grace seconds, then SIGKILL what is left; True when
-        no process of the group remains."""
+    def stop_process_group(self, leader: ProcessRef, grace: float) -> bool:
+        """SIGTERM the leader's group, wait up to grace seconds, then SIGKILL what is left;
+        True when no process of the group remains. A pid that now names another process is
+        never signalled."""
+        ...
+
+    def stop_job(self, job_id: str, grace: float) -> list[int]:
+        """Stop every process of the job on the host, found by ORCHESTRATE_JOB_ID in its
+        environment (recorded or not); return the pids left alive."""
         ...
 
     def close(self) -> None: ...

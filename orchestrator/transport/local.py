@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import TransportError
-from orchestrator.transport.base import CommandResult, Observation
+from orchestrator.paths import user_umask
+from orchestrator.transport.base import CommandResult, Observation, ProcessRef
 from worker import hostd, proctl
 from worker.atomic import makedirs_private, write_bytes_atomic
 
@@ -70,7 +71,7 @@ class LocalTransport:
         log_path: str,
         env: Mapping[str, str] | None = None,
         stdin_file: tuple[str, bytes] | None = None,
-    ) -> int:
+    ) -> ProcessRef:
         if stdin_file is not None:
             self.put_file(stdin_file[0], stdin_file[1], mode=0o600)
         makedirs_private(Path(log_path).parent)
@@ -83,12 +84,14 @@ class LocalTransport:
                     stderr=subprocess.STDOUT,
                     env=_merged_env(env),
                     start_new_session=True,
+                    umask=user_umask(),
                 )
             except OSError as exc:
                 raise TransportError(f"{self.host_label}: cannot start {argv[0]}: {exc}") from None
+        ident = proctl.identity(proc.pid) or ""  # read before the reaper below can reap it
         # We are its parent: reap it when it exits so it never lingers as a zombie.
         threading.Thread(target=proc.wait, name=f"reap-{proc.pid}", daemon=True).start()
-        return proc.pid
+        return ProcessRef(proc.pid, ident)
 
     def put_file(self, path: str, data: bytes, mode: int = 0o600) -> None:
         target = Path(path)
@@ -97,12 +100,12 @@ class LocalTransport:
 
     def get_file(self, path: str, local_path: Path) -> None:
         local_path.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(path, local_path)
+        shutil.copyfile(path, local_path)  # the bytes only: the copy's mode is ours (private)
 
     def get_tree(self, path: str, local_dir: Path) -> int:
         if not os.path.isdir(path):
             return 0
-        shutil.copytree(path, local_dir, dirs_exist_ok=True)
+        shutil.copytree(path, local_dir, dirs_exist_ok=True, copy_function=shutil.copyfile)
         return sum(len(files) for _, _, files in os.walk(local_dir))
 
     def read_file(self, path: str, offset: int = 0) -> bytes | None:
@@ -113,15 +116,24 @@ class LocalTransport:
         except FileNotFoundError:
             return None
 
-    def alive_pids(self, pids: Sequence[int]) -> set[int]:
-        return proctl.alive(pids)
+    def alive_pids(self, procs: Sequence[ProcessRef]) -> set[int]:
+        return proctl.alive([p.pid for p in procs], [p.ident for p in procs])
 
-    def observe(self, pids: Sequence[int] | None, files: Sequence[tuple[str, int]]) -> Observation:
-        alive, data = hostd.observe(None if pids is None else list(pids), list(files))
+    def observe(
+        self, procs: Sequence[ProcessRef] | None, files: Sequence[tuple[str, int]]
+    ) -> Observation:
+        if procs is None:
+            alive, data = hostd.observe(None, list(files))
+        else:
+            pids, idents = [p.pid for p in procs], [p.ident for p in procs]
+            alive, data = hostd.observe(pids, list(files), idents=idents)
         return Observation(alive, tuple(data))
 
-    def stop_process_group(self, pgid: int, grace: float) -> bool:
-        return proctl.stop_group(pgid, grace)
+    def stop_process_group(self, leader: ProcessRef, grace: float) -> bool:
+        return proctl.stop_group(leader.pid, grace, leader.ident)
+
+    def stop_job(self, job_id: str, grace: float) -> list[int]:
+        return proctl.stop_job(job_id, grace)
 
     def close(self) -> None:
         pass

@@ -28,7 +28,7 @@ from fabric import Connection
 
 from orchestrator.config import SshBackend, SshHost
 from orchestrator.errors import TransportError
-from orchestrator.transport.base import CommandResult, Observation
+from orchestrator.transport.base import CommandResult, Observation, ProcessRef
 from orchestrator.transport.ssh.helper import HelperClient, HelperTimeout
 from orchestrator.transport.ssh.host_keys import (
     HostKeyError,
@@ -261,15 +261,16 @@ class SshTransport:
         log_path: str,
         env: Mapping[str, str] | None = None,
         stdin_file: tuple[str, bytes] | None = None,
-    ) -> int:
+    ) -> ProcessRef:
         """One round trip to the host helper: write the file (mode 0600, new directories 0700),
-        start argv in a new session with every standard stream redirected, return its pid. Not
-        retried: a start that may have happened must not happen twice."""
+        start argv in a new session with every standard stream redirected, return its pid and
+        identity. Not retried: a start that may have happened must not happen twice."""
         args: dict[str, Any] = {"argv": list(argv), "log_path": log_path, "env": dict(env or {})}
         if stdin_file is not None:
             args["file"] = [stdin_file[0], stdin_file[1].decode("latin-1")]  # bytes, losslessly
         try:
-            return int(self._helper_call("start", args, self.backend.command_timeout))
+            started = self._helper_call("start", args, self.backend.command_timeout)
+            return ProcessRef(int(started["pid"]), str(started["ident"]))
         except NETWORK_ERRORS as exc:
             self.close()
             raise TransportError(f"{self.host_label}: starting {argv[0]} failed: {exc}") from None
@@ -367,9 +368,13 @@ class SshTransport:
         limit = timeout or self.backend.command_timeout
         return self._retrying(op, lambda: self._helper_call(op, args, limit))
 
-    def observe(self, pids: Sequence[int] | None, files: Sequence[tuple[str, int]]) -> Observation:
+    def observe(
+        self, procs: Sequence[ProcessRef] | None, files: Sequence[tuple[str, int]]
+    ) -> Observation:
         # One helper request instead of SFTP open/read/close per file: one round trip a tick.
-        args = {"pids": None if pids is None else list(pids), "files": [list(f) for f in files]}
+        args: dict[str, Any] = {"pids": None, "files": [list(f) for f in files]}
+        if procs is not None:
+            args.update(pids=[p.pid for p in procs], idents=[p.ident for p in procs])
         reply = self.worker_call("observe", args, self.backend.connect_timeout)
         alive = reply["alive"]
         return Observation(
@@ -377,14 +382,20 @@ class SshTransport:
             tuple(None if d is None else base64.b64decode(d) for d in reply["files"]),
         )
 
-    def alive_pids(self, pids: Sequence[int]) -> set[int]:
-        if not pids:
+    def alive_pids(self, procs: Sequence[ProcessRef]) -> set[int]:
+        if not procs:
             return set()
         timeout = self.backend.connect_timeout + 5
-        return set(self.worker_call("alive", {"pids": list(pids)}, timeout))
+        args = {"pids": [p.pid for p in procs], "idents": [p.ident for p in procs]}
+        return set(self.worker_call("alive", args, timeout))
 
-    def stop_process_group(self, pgid: int, grace: float) -> bool:
-        return bool(self.worker_call("stop", {"pgid": pgid, "grace": grace}, grace + 30))
+    def stop_process_group(self, leader: ProcessRef, grace: float) -> bool:
+        args = {"pgid": leader.pid, "grace": grace, "ident": leader.ident}
+        return bool(self.worker_call("stop", args, grace + 30))
+
+    def stop_job(self, job_id: str, grace: float) -> list[int]:
+        left = self.worker_call("stop_job", {"job_id": job_id, "grace": grace}, grace + 30)
+        return [int(pid) for pid in left]
 
 
 def connection_hops(conn: Connection) -> list[Connection]:
