@@ -363,8 +363,12 @@ def stop(job_ref: JobArg) -> None:
     grace = cfg.supervision.stop_grace
     if not job.state.is_terminal() and supervisor_alive(job) and job.supervisor_pid is not None:
         os.kill(job.supervisor_pid, signal.SIGTERM)  # identity checked just above
-        deadline = time.monotonic() + grace + 30
-        while time.monotonic() < deadline and not store.get_job(job.id).state.is_terminal():
+        deadline = time.monotonic() + grace + 60
+        while (
+            time.monotonic() < deadline
+            and not store.get_job(job.id).state.is_terminal()
+            and supervisor_alive(job)  # it may end with the stop unconfirmed: not terminal
+        ):
             time.sleep(0.1)
     _finish_stop(store, store.get_job(job.id))
 

@@ -343,12 +343,24 @@ class Supervisor:
     def _stop_on_request(self, group: Group) -> JobState:
         self.job_state.to(JobState.STOPPING)
         self.sink.info("stop requested: stopping every task")
-        self._stop_group(group, self.config.supervision.stop_grace + AGENT_STOP_MARGIN)
+        stuck = self._stop_group(group, self.config.supervision.stop_grace + AGENT_STOP_MARGIN)
+        if stuck:  # not confirmed: the job stays STOPPING, and says what a later stop must do
+            hosts = sorted({group.plan.tasks[a.task_index].host_label for a in stuck})
+            cause = (
+                f"stop not confirmed: {', '.join(hosts)} unreachable; "
+                f"run `orchestrate stop {self.job.id}` again once it is back"
+            )
+            self.store.update_job(self.job.id, last_cause=cause)
+            self.store.add_event(self.job.id, "stop_unconfirmed", cause)
+            self.sink.info(cause)
+            return JobState.STOPPING
         self._finish(JobState.STOPPED, "stopped on request")
         return JobState.STOPPED
 
-    def _stop_group(self, group: Group, grace: float) -> None:
-        """Stop every agent's process group; record final states; flush the logs."""
+    def _stop_group(self, group: Group, grace: float) -> list[AgentRef]:
+        """Stop every agent's process group; record final states; flush the logs. Returns the
+        agents whose stop was not confirmed (their host did not answer): recorded UNREACHABLE,
+        and kept to stop again before the next launch."""
         running_before = {t.idx for t in self.store.tasks(self.job.id) if not t.state.is_terminal()}
         results = stop_agents(self.backend, group.agents, grace)
         self._live = None
@@ -366,15 +378,20 @@ class Supervisor:
             names = ", ".join(f"worker-{a.task_index}" for a in stuck)
             self.store.add_event(self.job.id, "stop_failed", f"could not stop {names} (yet)")
         # We stopped them: whatever they reported while going down (lost, or the preemption
-        # exit code of a trainer that checkpointed on our SIGTERM), they are stopped.
+        # exit code of a trainer that checkpointed on our SIGTERM), they are stopped; those
+        # whose host did not answer are not known to be.
+        unconfirmed = {a.task_index for a in stuck}
         self.store.update_tasks(
             self.job.id,
             {
-                t.idx: {"state": TaskState.STOPPED}
+                t.idx: {
+                    "state": TaskState.UNREACHABLE if t.idx in unconfirmed else TaskState.STOPPED
+                }
                 for t in self.store.tasks(self.job.id)
                 if t.idx in running_before and t.state != TaskState.SUCCEEDED
             },
         )
+        return stuck
 
     def _collect(self) -> None:
         try:

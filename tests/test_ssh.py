@@ -25,7 +25,15 @@ from orchestrator.launcher import make_specs, plan_launch, preflight, start_agen
 from orchestrator.transport.base import ProcessRef
 from orchestrator.transport.ssh import SshTransport
 from tests import test_transport_contract as contract
-from tests.conftest import IN_CI, REPO, CliResult, status_json, wait_for
+from tests.conftest import (
+    IN_CI,
+    REPO,
+    CliResult,
+    job_view,
+    launch_detached,
+    status_json,
+    wait_for,
+)
 from worker.spec import HOST_PROTOCOL
 
 sys.path.insert(0, str(REPO / "scripts"))
@@ -564,4 +572,38 @@ def test_a_host_cut_off_mid_training_is_detected_and_the_group_restarts_when_it_
     assert "relaunch failed: preflight failed on 1 host(s): h2: cannot connect" in events
     assert job["restarts"] >= 2
     assert all(t["initial_epoch"] > 0 for t in job["tasks"])
+    assert wait_for(lambda: no_job_process_left(bed), 15)
+
+
+def test_stop_with_a_host_cut_off_confirms_only_what_it_reached_and_a_later_stop_finishes(
+    bed: tb.Testbed, tmp_path: Path, cli: Callable[..., CliResult], reap_pids: list[int]
+) -> None:
+    path = fake_toml(bed, tmp_path, ["--mode", "sleep"])
+    path.write_text(path.read_text().replace("connect_timeout = 5.0", "connect_timeout = 2.0"))
+    job_id = launch_detached(cli, path, reap_pids)
+    wait_for(lambda: all(t["state"] == "running" for t in job_view(cli, job_id)["tasks"]), 60)
+    victim = bed.hosts[2]
+    assert processes_in(victim.namespace, "worker.agent") != []
+    subprocess.run(["ip", "link", "set", victim.veth, "down"], check=True)
+    try:
+        first = cli("stop", job_id)
+
+        assert first.code == 1, first
+        assert len(first.err.strip().splitlines()) == 1 and "h2 unreachable" in first.err
+        job = job_view(cli, job_id)
+        assert job["state"] == "stopping" and "h2" in job["last_cause"]
+        states = {t["host"]: t["state"] for t in job["tasks"]}
+        assert states == {"h0": "stopped", "h1": "stopped", "h2": "unreachable"}
+        for host in bed.hosts[:2]:  # what could be reached was really stopped
+            assert processes_in(host.namespace, "worker.agent") == []
+        assert processes_in(victim.namespace, "worker.agent") != []  # and this one was not
+    finally:
+        subprocess.run(["ip", "link", "set", victim.veth, "up"], check=True)
+
+    second = cli("stop", job_id)
+
+    assert second.code == 0, second
+    job = job_view(cli, job_id)
+    assert job["state"] == "stopped"
+    assert {t["state"] for t in job["tasks"]} == {"stopped"}
     assert wait_for(lambda: no_job_process_left(bed), 15)

@@ -65,7 +65,9 @@ def probe(shared_dir: str, ports: int, token_file: str | None, token: str) -> di
         "problems": [],
     }
     problems: list[str] = report["problems"]  # type: ignore[assignment]
-    if not os.path.isdir(shared_dir):
+    if os.path.exists(shared_dir) and not os.path.isdir(shared_dir):
+        problems.append(f"shared_dir {shared_dir} is not a directory")
+    elif not os.path.isdir(shared_dir):
         problems.append(f"shared_dir {shared_dir} does not exist")
     elif not os.access(shared_dir, os.W_OK | os.X_OK):
         problems.append(f"shared_dir {shared_dir} is not writable")

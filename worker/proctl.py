@@ -132,16 +132,28 @@ def _environ_has(pid: int, marker: bytes) -> bool:
         return False
 
 
+def _net_namespace(pid: int | str) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/net")
+    except OSError:
+        return None
+
+
 def find_job(job_id: str) -> list[tuple[int, int, str]]:
-    """Every live process of ours that carries ORCHESTRATE_JOB_ID=job_id in its environment:
-    (pid, process group, identity)."""
+    """Every live process of ours that carries ORCHESTRATE_JOB_ID=job_id in its environment,
+    in this host's network namespace: (pid, process group, identity). (Agents and trainers
+    live in the namespace of the helper that started them; machines that share one kernel,
+    as network namespaces do, must not stop each other's tasks.)"""
     marker = f"\0ORCHESTRATE_JOB_ID={job_id}\0".encode()
     found = []
     me = os.getpid()
+    here = _net_namespace("self")
     for name in os.listdir("/proc"):
         if not name.isdigit() or int(name) == me:
             continue
         pid = int(name)
+        if _net_namespace(pid) != here:
+            continue
         fields = _stat_fields(pid)
         if fields is None or fields[0] in ("Z", "X") or not _environ_has(pid, marker):
             continue
