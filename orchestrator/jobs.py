@@ -176,7 +176,8 @@ def stop_without_supervisor(store: Store, job: JobRecord, cfg: ClusterConfig) ->
     if report.confirmed:
         if not current.is_terminal():
             store.update_job(job.id, state=JobState.STOPPED, last_cause="stopped on request")
-        store.add_event(job.id, "stopped", "stopped on request (no supervisor)")
+        if updates or not current.is_terminal():  # a sweep after the supervisor's stop: silent
+            store.add_event(job.id, "stopped", "stopped on request (no supervisor)")
     else:
         cause = f"stop not confirmed: {report.describe()}; run `orchestrate stop` again"
         if not current.is_terminal():

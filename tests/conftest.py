@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -176,6 +177,28 @@ def job_processes(job_id: str) -> list[int]:
         ):
             found.append(int(entry.name))
     return found
+
+
+@contextlib.contextmanager
+def ssh_testbed(
+    factory: pytest.TempPathFactory, hosts: int, epochs: int, name: str = "testbed"
+) -> Iterator[Any]:
+    """scripts/testbed.py's hosts (network namespaces running sshd), torn down afterwards;
+    skipped with the reason outside CI when this machine cannot make them, failed under CI."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    import testbed as tb
+
+    reason = tb.missing_requirements()
+    if reason:
+        if IN_CI:
+            pytest.fail(f"SSH test bed unavailable under CI: {reason}")
+        pytest.skip(f"SSH test bed unavailable: {reason}")
+    root = factory.mktemp(name)
+    bed = tb.up(hosts, root, epochs=epochs)
+    try:
+        yield bed
+    finally:
+        tb.down(root)
 
 
 @pytest.fixture

@@ -26,11 +26,11 @@ from orchestrator.transport.base import ProcessRef
 from orchestrator.transport.ssh import SshTransport
 from tests import test_transport_contract as contract
 from tests.conftest import (
-    IN_CI,
     REPO,
     CliResult,
     job_view,
     launch_detached,
+    ssh_testbed,
     status_json,
     wait_for,
 )
@@ -45,17 +45,8 @@ FAKE = Path(__file__).parent / "fixtures" / "fake_trainer.py"
 
 @pytest.fixture(scope="module")
 def bed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tb.Testbed]:
-    reason = tb.missing_requirements()
-    if reason:
-        if IN_CI:
-            pytest.fail(f"SSH test bed unavailable under CI: {reason}")
-        pytest.skip(f"SSH test bed unavailable: {reason}")
-    root = tmp_path_factory.mktemp("testbed")
-    bed = tb.up(3, root, epochs=4)
-    try:
+    with ssh_testbed(tmp_path_factory, 3, epochs=4) as bed:
         yield bed
-    finally:
-        tb.down(root)
 
 
 def backend_config(bed: tb.Testbed, **overrides: object) -> SshBackend:

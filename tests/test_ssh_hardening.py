@@ -35,7 +35,7 @@ from orchestrator.transport.ssh.host_keys import (
     fingerprint,
 )
 from orchestrator.transport.ssh.transport import connection_hops
-from tests.conftest import IN_CI, REPO, wait_for
+from tests.conftest import REPO, ssh_testbed, wait_for
 
 sys.path.insert(0, str(REPO / "scripts"))
 import testbed as tb
@@ -445,17 +445,8 @@ def test_a_host_that_never_answers_the_exec_request_times_out() -> None:
 
 @pytest.fixture(scope="module")
 def bed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tb.Testbed]:
-    reason = tb.missing_requirements()
-    if reason:
-        if IN_CI:
-            pytest.fail(f"SSH test bed unavailable under CI: {reason}")
-        pytest.skip(f"SSH test bed unavailable: {reason}")
-    root = tmp_path_factory.mktemp("hardening-bed")
-    bed = tb.up(2, root, epochs=1)
-    try:
+    with ssh_testbed(tmp_path_factory, 2, epochs=1, name="hardening-bed") as bed:
         yield bed
-    finally:
-        tb.down(root)
 
 
 def known_line(bed: tb.Testbed, host: tb.TestHost) -> str:
