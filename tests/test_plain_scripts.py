@@ -94,7 +94,10 @@ def test_a_plain_fit_script_reports_progress_outlives_the_deadline_and_checkpoin
     assert all(t["initial_epoch"] > 0 for t in job["tasks"])  # the script's own checkpoint
     log = (tmp_path / "shared" / job_id / "logs" / "worker-1.log").read_text()
     assert re.search(r"preempted: checkpointed epoch \d+, exiting with 43", log)
-    assert "task 1 done" in log
+    # Worker 1 either finishes, or (when the chief exits first and its last collective finds
+    # no peer, as MWMS allows) is stopped as a straggler after the chief succeeded.
+    last_attempt = log[log.rindex("[orchestrate] attempt") :]
+    assert "task 1 done" in last_attempt or "exited with code 143 (stopped)" in last_attempt
     wait_for(lambda: not job_processes(job_id), 10)
 
 
