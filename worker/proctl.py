@@ -60,7 +60,10 @@ def identity(pid: int) -> str | None:
 
 def is_same(pid: int, ident: str) -> bool:
     """The process holding pid now is the one recorded with `ident` ("" trusts the pid)."""
-    return is_alive(pid) and (not ident or identity(pid) == ident)
+    fields = _stat_fields(pid)  # one read of /proc/PID/stat: this runs every tick per agent
+    if fields is None or fields[0] in ("Z", "X"):
+        return False
+    return not ident or (len(fields) >= 20 and f"{boot_id()}:{fields[19]}" == ident)
 
 
 def is_alive(pid: int) -> bool:
