@@ -8,22 +8,18 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from orchestrator.errors import OrchestrateError, UsageError, exit_code_for
 from orchestrator.jobs import (
-    fail_job,
     failing_job_on_error,
     launch_config,
-    needs_stop,
-    stop_without_supervisor,
     stored_config,
     supervisor_alive,
 )
@@ -33,11 +29,13 @@ from orchestrator.paths import (
     log_copies_dir,
     make_files_private,
     report_json,
-    supervisor_log,
 )
 from orchestrator.states import JobState, TaskState
 from orchestrator.store import JobRecord, Store
 from orchestrator.views import job_view, render_report, render_status
+
+if TYPE_CHECKING:
+    from orchestrator.config import ClusterConfig
 
 app = typer.Typer(
     name="orchestrate",
@@ -88,87 +86,44 @@ def launch(
 
     cfg = load_config(config)
     if dry_run:
-        _print_dry_run(cfg)
+        from orchestrator.views import render_dry_run
+
+        render_dry_run(cfg)
         return
     from orchestrator.jobs import register_job
 
     store = Store()
     job = register_job(store, cfg, str(config))
     if detach:
-        _launch_detached(store, job)
+        from orchestrator.jobs import start_detached_supervisor
+
+        current, pid = start_detached_supervisor(store, job)
+        _echo(f"job {job.id} {current.state.value} (supervisor pid {pid})")
+        _echo(f"  orchestrate status {job.id}   orchestrate logs {job.id} --follow")
         return
+    _supervise(store, job, lambda: cfg, verbose)
+
+
+def _supervise(
+    store: Store,
+    job: JobRecord,
+    config: Callable[[], ClusterConfig],
+    verbose: bool,
+    adopt: bool = False,
+) -> None:
+    """Run (or adopt) a job's supervision in this process to the end; exit 1 unless it
+    succeeded. Whatever fails before supervision starts ends the job FAILED with its cause."""
     from orchestrator.logstream import LineSink
     from orchestrator.supervisor import Supervisor
 
-    sink = LineSink(log_copies_dir(job.id), sys.stdout, verbose)
     with failing_job_on_error(store, job.id):
+        cfg = config()
+        sink = LineSink(log_copies_dir(job.id), sys.stdout, verbose)
         supervisor = Supervisor(store, job, cfg, sink)
     supervisor.install_signal_handlers()
-    state = supervisor.run()
+    state = supervisor.adopt() if adopt else supervisor.run()
     if state != JobState.SUCCEEDED:
         raise typer.Exit(1)
-
-
-def _print_dry_run(cfg: Any) -> None:
-    from orchestrator.launcher import trainer_argv
-    from orchestrator.plan import dry_run_plan
-
-    plan = dry_run_plan(cfg)
-    _echo(
-        f"job {cfg.job.name}: {len(plan.tasks)} task(s), {cfg.backend.type} backend, "
-        f"shared_dir {cfg.job.shared_dir}"
-    )
-    through = " (through orchestrate's bootstrap)" if cfg.entrypoint.instrument else ""
-    _echo(f"trainer: {' '.join(trainer_argv(cfg, '<python>'))}{through}")
-    for task in plan.tasks:
-        _echo(
-            f"worker-{task.index} on {task.host_label} ({task.endpoint})"
-            f"{' chief' if task.is_chief else ''}"
-        )
-        _echo(f"  TF_CONFIG={plan.tf_config_json(task.index)}")
-    if any(t.port is None for t in plan.tasks):
-        _echo("(auto ports are probed free on each host at launch)")
-
-
-def _launch_detached(store: Store, job: JobRecord) -> None:
-    from orchestrator.transport.local import LocalTransport
-    from worker.proctl import is_same
-
-    log = supervisor_log(job.id)
-    supervisor = LocalTransport().start_detached(
-        [sys.executable, "-m", "orchestrator", "supervise", job.id], log_path=str(log)
-    )
-    store.update_job(
-        job.id,
-        supervisor_pid=supervisor.pid,
-        supervisor_ident=supervisor.ident,
-        supervisor_host=socket.gethostname(),
-    )
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
-        current = store.get_job(job.id)
-        if current.state == JobState.RUNNING or current.state.is_terminal():
-            break
-        if not is_same(supervisor.pid, supervisor.ident):  # it died before the job ran
-            current = store.get_job(job.id)  # it may have ended the job just before exiting
-            if not current.state.is_terminal():
-                tail = _last_line(log) or "no output"
-                fail_job(store, job.id, f"the supervisor exited during launch: {tail}")
-                current = store.get_job(job.id)
-            break
-        time.sleep(0.1)
-    if current.state in (JobState.FAILED, JobState.STOPPED):
-        raise OrchestrateError(f"job {job.id} {current.state.value}: {current.last_cause}")
-    _echo(f"job {job.id} {current.state.value} (supervisor pid {supervisor.pid})")
-    _echo(f"  orchestrate status {job.id}   orchestrate logs {job.id} --follow")
-
-
-def _last_line(path: Path) -> str:
-    try:
-        lines = path.read_bytes().decode(errors="replace").strip().splitlines()
-    except OSError:
-        return ""
-    return lines[-1][-300:] if lines else ""
 
 
 @app.command()
@@ -235,19 +190,9 @@ def tensorboard(
 @app.command(hidden=True)
 def supervise(job_ref: JobArg) -> None:
     """Supervise a registered job (the background half of `launch --detach`)."""
-    from orchestrator.logstream import LineSink
-    from orchestrator.supervisor import Supervisor
-
     store = Store()
     job = store.get_job(job_ref)
-    with failing_job_on_error(store, job.id):
-        cfg = launch_config(job)
-        sink = LineSink(log_copies_dir(job.id), console=sys.stdout)
-        supervisor = Supervisor(store, job, cfg, sink)
-    supervisor.install_signal_handlers()
-    state = supervisor.run()
-    if state != JobState.SUCCEEDED:
-        raise typer.Exit(1)
+    _supervise(store, job, lambda: launch_config(job), verbose=False)
 
 
 @app.command()
@@ -258,16 +203,16 @@ def attach(
     ] = False,
 ) -> None:
     """Adopt a running job whose supervisor is gone, and supervise it to the end."""
-    from orchestrator.logstream import LineSink
-    from orchestrator.supervisor import Supervisor
+    from orchestrator.stopping import finish_stop, needs_stop
 
     store = Store()
     job = store.get_job(job_ref)
+
     if needs_stop(store, job) and (
         job.state.is_terminal()
         or any(t.state == TaskState.UNREACHABLE for t in store.tasks(job.id))
     ):  # a stop that could not reach every host: finish it
-        _finish_stop(store, job)
+        _echo(f"job {job.id} {finish_stop(store, job).value}")
         return
     if job.state.is_terminal():
         raise UsageError(f"job {job.id} already {job.state.value}: nothing to attach to")
@@ -279,12 +224,7 @@ def attach(
             f"job {job.id} is supervised from host {job.supervisor_host}: attach there"
         )
     cfg = launch_config(job)
-    sink = LineSink(log_copies_dir(job.id), sys.stdout, verbose)
-    with failing_job_on_error(store, job.id):
-        supervisor = Supervisor(store, job, cfg, sink)
-    supervisor.install_signal_handlers()
-    if supervisor.adopt() != JobState.SUCCEEDED:
-        raise typer.Exit(1)
+    _supervise(store, job, lambda: cfg, verbose, adopt=True)
 
 
 @app.command()
@@ -354,35 +294,14 @@ def logs(
 @app.command()
 def stop(job_ref: JobArg) -> None:
     """Stop a job: every task on every host (SIGTERM, grace, SIGKILL)."""
+    from orchestrator.stopping import needs_stop, stop_job
+
     store = Store()
     job = store.get_job(job_ref)
     if not needs_stop(store, job):
         _echo(f"job {job.id} already {job.state.value}")
         return
-    cfg = stored_config(job)
-    grace = cfg.supervision.stop_grace
-    if not job.state.is_terminal() and supervisor_alive(job) and job.supervisor_pid is not None:
-        os.kill(job.supervisor_pid, signal.SIGTERM)  # identity checked just above
-        deadline = time.monotonic() + grace + 60
-        while (
-            time.monotonic() < deadline
-            and not store.get_job(job.id).state.is_terminal()
-            and supervisor_alive(job)  # it may end with the stop unconfirmed: not terminal
-        ):
-            time.sleep(0.1)
-    _finish_stop(store, store.get_job(job.id))
-
-
-def _finish_stop(store: Store, job: JobRecord) -> None:
-    """Sweep every host for the job's processes (found by the job id, so those whose pids
-    never reached the store too) and stop them; say what could not be confirmed."""
-    report = stop_without_supervisor(store, job, stored_config(job))
-    if not report.confirmed:
-        raise OrchestrateError(
-            f"job {job.id}: stop not confirmed: {report.describe()}; "
-            f"run `orchestrate stop {job.id}` again once the host is back"
-        )
-    _echo(f"job {job.id} {store.get_job(job.id).state.value}")
+    _echo(f"job {job.id} {stop_job(store, job).value}")
 
 
 @app.command()
@@ -394,34 +313,19 @@ def collect(
 ) -> None:
     """Copy a job's per-task logs, final model and metrics to this machine."""
     from orchestrator.backends import open_backend
-    from orchestrator.jobs import collect_job
+    from orchestrator.jobs import check_destination, collect_job
 
     store = Store()
     job = store.get_job(job_ref)
     cfg = stored_config(job)
     target = dest or Path(job.id)
-    _check_destination(target)
+    check_destination(target)
     backend = open_backend(cfg)
     try:
         count = collect_job(backend, job.job_dir, target)
     finally:
         backend.close()
     _echo(f"collected {count} file(s) of job {job.id} into {target}")
-
-
-def _check_destination(target: Path) -> None:
-    """collect writes into target: say so in one line when it cannot, before any copy."""
-    if target.exists() and not target.is_dir():
-        raise UsageError(f"--dest {target} is not a directory")
-    existing = target if target.exists() else next(p for p in target.parents if p.exists())
-    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
-        raise UsageError(f"--dest {target}: {existing} is not writable")
-    probe = existing / f".orchestrate-write-test-{os.getpid()}"
-    try:  # root passes os.access on a read-only file system: try a write
-        probe.touch()
-        probe.unlink()
-    except OSError as exc:
-        raise UsageError(f"--dest {target}: cannot write in {existing}: {exc.strerror}") from None
 
 
 def main() -> None:

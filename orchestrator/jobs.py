@@ -1,17 +1,19 @@
-"""Job operations outside the supervision loop: register a job, collect its results, tell
-whether its supervisor lives, stop it without a supervisor, and find its live processes.
+"""Job operations outside the supervision loop: register a job, start its supervisor in the
+background, tell whether that supervisor lives, end a job no supervisor will end, and collect
+its results.
 
 `status` imports this module: the heavy ones (pydantic models, backends) are imported inside the
 functions that need them, so that it stays fast."""
 
 from __future__ import annotations
 
+import os
 import secrets
 import socket
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -21,6 +23,9 @@ from orchestrator.store import JobRecord, Store, TaskRecord
 if TYPE_CHECKING:
     from orchestrator.backends import Backend
     from orchestrator.config import ClusterConfig
+
+# How long `launch --detach` waits for the background supervisor to bring the job up.
+DETACHED_START_TIMEOUT = 600.0
 
 
 def new_job_id(name: str) -> str:
@@ -126,66 +131,6 @@ def supervisor_alive(job: JobRecord) -> bool | None:
     return is_same(job.supervisor_pid, job.supervisor_ident)
 
 
-@dataclass(frozen=True)
-class StopReport:
-    """What a stop without a supervisor confirmed: hosts it could not reach (label -> why) and
-    processes still alive after it (label -> pids)."""
-
-    unreachable: dict[str, str]
-    left: dict[str, list[int]]
-
-    @property
-    def confirmed(self) -> bool:
-        return not self.unreachable and not self.left
-
-    def describe(self) -> str:
-        parts = [f"{h} unreachable ({why})" for h, why in self.unreachable.items()]
-        parts += [f"{h} still runs pids {pids}" for h, pids in self.left.items()]
-        return "; ".join(parts)
-
-
-def stop_without_supervisor(store: Store, job: JobRecord, cfg: ClusterConfig) -> StopReport:
-    """The supervisor is gone (or did not answer): stop the job's processes on every host
-    ourselves, found by the job id in their environment, so that agents whose pids never
-    reached the store are stopped too. Only what was confirmed is marked stopped: tasks on a
-    host that could not be reached become UNREACHABLE and the job stays STOPPING (a later
-    stop finishes the work)."""
-    from orchestrator.backends import open_backend
-    from orchestrator.fanout import each
-    from orchestrator.launcher import AGENT_STOP_MARGIN, host_labels
-
-    grace = cfg.supervision.stop_grace + AGENT_STOP_MARGIN
-    labels = host_labels(cfg)
-    backend = open_backend(cfg)
-    try:
-        results = each(range(len(labels)), lambda h: backend.transport(h).stop_job(job.id, grace))
-    finally:
-        backend.close()
-    report = StopReport(
-        unreachable={labels[h]: results.reason(h, labels[h]) for h in results.failed},
-        left={labels[h]: pids for h, pids in results.succeeded.items() if pids},
-    )
-    unconfirmed = set(results.failed) | {h for h, pids in results.succeeded.items() if pids}
-    updates: dict[int, dict[str, object]] = {}
-    for t in store.tasks(job.id):
-        if not t.state.is_terminal():
-            unreached = t.host_index in unconfirmed
-            updates[t.idx] = {"state": TaskState.UNREACHABLE if unreached else TaskState.STOPPED}
-    store.update_tasks(job.id, updates)
-    current = store.get_job(job.id).state
-    if report.confirmed:
-        if not current.is_terminal():
-            store.update_job(job.id, state=JobState.STOPPED, last_cause="stopped on request")
-        if updates or not current.is_terminal():  # a sweep after the supervisor's stop: silent
-            store.add_event(job.id, "stopped", "stopped on request (no supervisor)")
-    else:
-        cause = f"stop not confirmed: {report.describe()}; run `orchestrate stop` again"
-        if not current.is_terminal():
-            store.update_job(job.id, state=JobState.STOPPING, last_cause=cause)
-        store.add_event(job.id, "stop_unconfirmed", cause)
-    return report
-
-
 def fail_job(store: Store, job_id: str, cause: str) -> None:
     """End a job FAILED that no supervisor will end: its supervisor could not be made, or died
     before it ran the job."""
@@ -214,9 +159,63 @@ def failing_job_on_error(store: Store, job_id: str) -> Iterator[None]:
         raise
 
 
-def needs_stop(store: Store, job: JobRecord) -> bool:
-    """A job is not over until every task is: a terminal job may still hold tasks whose stop
-    was never confirmed."""
-    return not job.state.is_terminal() or any(
-        not t.state.is_terminal() for t in store.tasks(job.id)
+def start_detached_supervisor(store: Store, job: JobRecord) -> tuple[JobRecord, int]:
+    """Start `orchestrate supervise JOB` in the background and wait until the job runs (or
+    ended). Returns the job and the supervisor's pid; raises when the job failed or stopped."""
+    from orchestrator.errors import OrchestrateError
+    from orchestrator.paths import supervisor_log
+    from orchestrator.transport.local import LocalTransport
+    from worker.proctl import is_same
+
+    log = supervisor_log(job.id)
+    supervisor = LocalTransport().start_detached(
+        [sys.executable, "-m", "orchestrator", "supervise", job.id], log_path=str(log)
     )
+    store.update_job(
+        job.id,
+        supervisor_pid=supervisor.pid,
+        supervisor_ident=supervisor.ident,
+        supervisor_host=socket.gethostname(),
+    )
+    deadline = time.monotonic() + DETACHED_START_TIMEOUT
+    current = store.get_job(job.id)
+    while time.monotonic() < deadline:
+        current = store.get_job(job.id)
+        if current.state == JobState.RUNNING or current.state.is_terminal():
+            break
+        if not is_same(supervisor.pid, supervisor.ident):  # it died before the job ran
+            current = store.get_job(job.id)  # it may have ended the job just before exiting
+            if not current.state.is_terminal():
+                tail = _last_line(log) or "no output"
+                fail_job(store, job.id, f"the supervisor exited during launch: {tail}")
+                current = store.get_job(job.id)
+            break
+        time.sleep(0.1)
+    if current.state in (JobState.FAILED, JobState.STOPPED):
+        raise OrchestrateError(f"job {job.id} {current.state.value}: {current.last_cause}")
+    return current, supervisor.pid
+
+
+def _last_line(path: Path) -> str:
+    try:
+        lines = path.read_bytes().decode(errors="replace").strip().splitlines()
+    except OSError:
+        return ""
+    return lines[-1][-300:] if lines else ""
+
+
+def check_destination(target: Path) -> None:
+    """collect writes into target: say so in one line when it cannot, before any copy."""
+    from orchestrator.errors import UsageError
+
+    if target.exists() and not target.is_dir():
+        raise UsageError(f"--dest {target} is not a directory")
+    existing = target if target.exists() else next(p for p in target.parents if p.exists())
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise UsageError(f"--dest {target}: {existing} is not writable")
+    probe = existing / f".orchestrate-write-test-{os.getpid()}"
+    try:  # root passes os.access on a read-only file system: try a write
+        probe.touch()
+        probe.unlink()
+    except OSError as exc:
+        raise UsageError(f"--dest {target}: cannot write in {existing}: {exc.strerror}") from None

@@ -4,12 +4,15 @@ and as aligned text tables. Pure rendering over store records; no rich on the st
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.jobs import supervisor_alive
 from orchestrator.states import TaskState
 from orchestrator.store import JobRecord, TaskRecord
 from worker.spec import Phase, StepSignal, remaining_steps
+
+if TYPE_CHECKING:
+    from orchestrator.config import ClusterConfig
 
 
 def _write(text: str = "") -> None:
@@ -172,3 +175,25 @@ def render_report(data: dict[str, Any]) -> None:
     if data["metrics"]:
         _write("metrics: " + ", ".join(f"{k}={v}" for k, v in data["metrics"].items()))
     _write(f"chart: {data['chart']['path']}")
+
+
+def render_dry_run(cfg: ClusterConfig) -> None:
+    """`launch --dry-run`: the plan, the trainer's command and each task's TF_CONFIG."""
+    from orchestrator.launcher import trainer_argv
+    from orchestrator.plan import dry_run_plan
+
+    plan = dry_run_plan(cfg)
+    _write(
+        f"job {cfg.job.name}: {len(plan.tasks)} task(s), {cfg.backend.type} backend, "
+        f"shared_dir {cfg.job.shared_dir}"
+    )
+    through = " (through orchestrate's bootstrap)" if cfg.entrypoint.instrument else ""
+    _write(f"trainer: {' '.join(trainer_argv(cfg, '<python>'))}{through}")
+    for task in plan.tasks:
+        _write(
+            f"worker-{task.index} on {task.host_label} ({task.endpoint})"
+            f"{' chief' if task.is_chief else ''}"
+        )
+        _write(f"  TF_CONFIG={plan.tf_config_json(task.index)}")
+    if any(t.port is None for t in plan.tasks):
+        _write("(auto ports are probed free on each host at launch)")

@@ -82,11 +82,11 @@ def test_a_store_of_the_previous_schema_is_upgraded_in_place(tmp_path: Path) -> 
     """A store written before phases and totals were recorded keeps its jobs."""
     import sqlite3
 
-    from orchestrator import store as store_module
+    from orchestrator import store_schema
     from worker.spec import Phase, StepSignal
 
     db = tmp_path / "s.db"
-    old_schema = store_module.SCHEMA.replace(
+    old_schema = store_schema.SCHEMA.replace(
         """    phase TEXT NOT NULL DEFAULT '',
     step_signal TEXT NOT NULL DEFAULT '',
     total_epochs INTEGER NOT NULL DEFAULT 0,

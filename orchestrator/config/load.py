@@ -1,0 +1,182 @@
+"""Reading cluster.toml: the file itself, the models, paths resolved, then the rules.
+
+Every error becomes one `ConfigError` line naming the file and the TOML key path, e.g.
+``cluster.toml: backend.workers: must be >= 1 (got 0)``.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from orchestrator.config.model import ClusterConfig, SshBackend
+from orchestrator.config.rules import check_semantics
+from orchestrator.config.values import (
+    MAX_CONFIG_BYTES,
+    MAX_NESTING,
+    key_path,
+    oneline,
+    printable,
+    show,
+)
+from orchestrator.errors import ConfigError
+
+
+def load_config(path: str | Path) -> ClusterConfig:
+    """Read, parse and validate cluster.toml; relative paths are resolved against its directory."""
+    path = Path(path)
+    source = printable(str(path))
+    raw = _read_toml(path, source)
+    config = parse_config(raw, source=source)
+    config = _resolve_paths(config, path.resolve().parent, source)
+    check_semantics(config, source)
+    return config
+
+
+def parse_config(raw: dict[str, Any], source: str = "cluster.toml") -> ClusterConfig:
+    """Validate an already parsed TOML document (pure)."""
+    _check_raw(raw, (), source)
+    try:
+        return ClusterConfig.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(f"{source}: {_describe(exc)}") from None
+
+
+def _read_toml(path: Path, source: str) -> dict[str, Any]:
+    # Only a regular file, judged before it is opened: a FIFO would block the open, and
+    # /dev/zero would never end.
+    try:
+        info = path.stat()
+    except FileNotFoundError:
+        raise ConfigError(f"{source}: no such file") from None
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{source}: cannot read: {oneline(exc)}") from None
+    if stat.S_ISDIR(info.st_mode):
+        raise ConfigError(f"{source}: is a directory, not a cluster.toml file")
+    if not stat.S_ISREG(info.st_mode):
+        raise ConfigError(f"{source}: not a regular file (a cluster.toml must be one)")
+    try:
+        # O_NONBLOCK: should the path have become a FIFO since, the open must not block.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                raise ConfigError(f"{source}: not a regular file (a cluster.toml must be one)")
+            data = f.read(MAX_CONFIG_BYTES + 1)
+    except OSError as exc:
+        raise ConfigError(f"{source}: cannot read: {oneline(exc)}") from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{source}: larger than {MAX_CONFIG_BYTES} bytes: not a cluster.toml")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{source}: cannot read: {oneline(exc)}") from None
+    if not text.strip():
+        raise ConfigError(f"{source}: file is empty")
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{source}: invalid TOML: {oneline(exc)}") from None
+    except RecursionError:
+        raise ConfigError(f"{source}: invalid TOML: nested too deeply") from None
+    except ValueError as exc:  # e.g. an integer of more than 4300 digits
+        raise ConfigError(f"{source}: invalid TOML: {oneline(exc)}") from None
+
+
+def _check_raw(value: object, loc: tuple[int | str, ...], source: str) -> None:
+    """Before the models see it: no nesting deeper than any config has, and no NUL byte in any
+    key or string (no exec, path or environment can hold one)."""
+    if len(loc) > MAX_NESTING:
+        raise ConfigError(
+            f"{source}: {key_path(loc)}: nested too deeply (more than {MAX_NESTING} levels)"
+        )
+    if isinstance(value, str):
+        if "\0" in value:
+            raise ConfigError(f"{source}: {key_path(loc)}: contains a NUL byte")
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            if "\0" in key:
+                raise ConfigError(f"{source}: {key_path((*loc, key))}: key contains a NUL byte")
+            _check_raw(item, (*loc, key), source)
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            _check_raw(item, (*loc, i), source)
+
+
+def _describe(exc: ValidationError) -> str:
+    """One line for the first problem, naming its key path; a count of the others."""
+    errors = exc.errors()
+    first = errors[0]
+    key = key_path(first["loc"])
+    kind = first["type"]
+    if kind == "extra_forbidden":
+        text = "unknown key"
+    elif kind == "missing":
+        text = "required key is missing"
+    elif kind in ("greater_than_equal", "greater_than", "less_than_equal", "less_than"):
+        text = f"{_short_bound(first['msg'])} (got {show(first['input'])})"
+    elif kind == "union_tag_invalid":
+        tag = first["input"].get("type")
+        text = f"unknown backend type {show(tag)} (expected 'local' or 'ssh')"
+    elif kind == "union_tag_not_found":
+        text = "missing 'type' (expected 'local' or 'ssh')"
+    else:
+        text = oneline(first["msg"].removeprefix("Value error, "))
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    return f"{key}: {text}{more}" if key else f"{text}{more}"
+
+
+def _short_bound(msg: str) -> str:
+    return (
+        msg.replace("Input should be ", "must be ")
+        .replace("greater than or equal to", ">=")
+        .replace("less than or equal to", "<=")
+        .replace("greater than", ">")
+        .replace("less than", "<")
+    )
+
+
+def _expand(p: Path, key: str, source: str) -> Path:
+    try:
+        return p.expanduser()
+    except RuntimeError:  # ~user with no such user (or no home directory)
+        raise ConfigError(
+            f"{source}: {key}: cannot expand {printable(str(p))}: "
+            "no such user or home directory here"
+        ) from None
+
+
+def _resolve_paths(config: ClusterConfig, base: Path, source: str) -> ClusterConfig:
+    def resolve(p: Path | None, key: str) -> Path | None:
+        if p is None:
+            return None
+        p = _expand(p, key, source)
+        return p if p.is_absolute() else (base / p).resolve()
+
+    entry = config.entrypoint
+    job = config.job.model_copy(
+        update={"shared_dir": resolve(config.job.shared_dir, "job.shared_dir")}
+    )
+    entry = entry.model_copy(
+        update={
+            "script": resolve(entry.script, "entrypoint.script"),
+            "workdir": resolve(entry.workdir, "entrypoint.workdir") or base,
+        }
+    )
+    backend = config.backend
+    if isinstance(backend, SshBackend):  # expanded where they are used: only checked here
+        for key, p in [
+            ("backend.identity_file", backend.identity_file),
+            ("backend.known_hosts", backend.known_hosts),
+            *[
+                (f"backend.hosts[{i}].identity_file", h.identity_file)
+                for i, h in enumerate(backend.hosts)
+            ],
+        ]:
+            if p is not None:
+                _expand(p, key, source)
+    return config.model_copy(update={"job": job, "entrypoint": entry})

@@ -1,0 +1,172 @@
+"""The sections of cluster.toml as frozen pydantic models (unknown keys refused)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, Strict, model_validator
+
+from orchestrator.config.values import (
+    MAX_PORT,
+    MAX_RESTARTS,
+    MAX_SECONDS,
+    HostAddress,
+    Label,
+    UserName,
+)
+
+
+class _Model(BaseModel):
+    # strict: no silent coercion ("2" or true is not an int; ints are still fine as floats);
+    # inf and nan are refused in every float.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+
+
+# Paths come from TOML as strings.
+ConfigPath = Annotated[Path, Strict(False)]
+Seconds = Annotated[float, Field(le=MAX_SECONDS)]
+
+
+class JobSection(_Model):
+    name: Annotated[
+        str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    ]
+    # Checkpoints, per-task logs and job files live here; the same path on every host.
+    # A relative path is taken from the directory of cluster.toml.
+    shared_dir: ConfigPath
+
+
+class EntrypointSection(_Model):
+    """What each task trains: `python -m MODULE ARGS` or `python SCRIPT ARGS`."""
+
+    module: str | None = None
+    script: ConfigPath | None = None
+    args: list[str] = []
+    env: dict[str, str] = {}
+    # Working directory of the trainer; defaults to the directory of cluster.toml.
+    workdir: ConfigPath | None = None
+    # Start the script through orchestrate's bootstrap: progress, phases, the watchdog and
+    # preemption for any script, unmodified. false: the script alone (then only what it
+    # reports through worker.runtime is seen).
+    instrument: bool = True
+
+    @model_validator(mode="after")
+    def _exactly_one_target(self) -> EntrypointSection:
+        if (self.module is None) == (self.script is None):
+            raise ValueError("give exactly one of 'module' or 'script'")
+        return self
+
+
+class LocalBackend(_Model):
+    """Every task is a local process on loopback: the same code path as remote hosts."""
+
+    type: Literal["local"]
+    workers: Annotated[int, Field(ge=1, le=64)]
+    # Interpreter that runs the agent and trainer; default: the coordinator's own.
+    python: str | None = None
+
+
+class SshHost(_Model):
+    # A hostname (or ~/.ssh/config Host alias) or an IP address; never user@host:port.
+    address: HostAddress
+    # A label shown in logs and status; defaults to the address.
+    name: Label | None = None
+    user: UserName | None = None
+    port: Annotated[int, Field(ge=1, le=MAX_PORT)] | None = None
+    identity_file: ConfigPath | None = None
+    python: str | None = None
+    # Tasks on this host (one per device group); each gets its own port.
+    slots: Annotated[int, Field(ge=1, le=64)] = 1
+    # Commands (argv lists) run once on this host before its agents start.
+    setup: list[list[str]] = []
+
+    @property
+    def label(self) -> str:
+        return self.name or self.address
+
+
+class SshBackend(_Model):
+    type: Literal["ssh"]
+    hosts: Annotated[list[SshHost], Field(min_length=1)]
+    # Defaults for every host; a host's own value wins.
+    # Unset user/port/identity: ~/.ssh/config decides, then the SSH defaults.
+    user: UserName | None = None
+    port: Annotated[int, Field(ge=1, le=MAX_PORT)] | None = None
+    identity_file: ConfigPath | None = None
+    python: str = "python3"
+    # Host keys are checked strictly against this file (default: ~/.ssh/known_hosts).
+    known_hosts: ConfigPath | None = None
+    # Opt-in: accept and record the key of a host not yet in known_hosts. A changed key is
+    # always refused.
+    trust_unknown_hosts: bool = False
+    connect_timeout: Annotated[Seconds, Field(gt=0)] = 10.0
+    command_timeout: Annotated[Seconds, Field(gt=0)] = 60.0
+
+
+Backend = Annotated[LocalBackend | SshBackend, Field(discriminator="type")]
+
+
+class PortsSection(_Model):
+    # 0: probe a free port on each host just before launch (the safe default). Otherwise task
+    # ports on a host are base, base+1, ...
+    base: Annotated[int, Field(ge=0, le=MAX_PORT)] = 0
+
+
+class SupervisionSection(_Model):
+    heartbeat_interval: Annotated[float, Field(gt=0, le=60)] = 1.0
+    # A task whose heartbeat is older than this is considered lost.
+    heartbeat_timeout: Annotated[Seconds, Field(gt=0)] = 30.0
+    # The whole group must reach its first training step within this many seconds.
+    startup_deadline: Annotated[Seconds, Field(gt=0)] = 300.0
+    # SIGTERM, then this many seconds, then SIGKILL.
+    stop_grace: Annotated[Seconds, Field(ge=0)] = 10.0
+    poll_interval: Annotated[float, Field(gt=0, le=10)] = 0.2
+    # Watchdog: a task whose training step does not advance for this long is hung (0: off).
+    progress_timeout: Annotated[Seconds, Field(ge=0)] = 600.0
+    # What a missed startup deadline does: fail the job, or restart the group (per policy).
+    on_startup_timeout: Literal["fail", "restart"] = "fail"
+
+
+class RestartSection(_Model):
+    """Whole-group restarts: MWMS cannot go on without a peer, and a task restarted alone can
+    deadlock, so any failure stops every task and starts them all again from the checkpoint."""
+
+    max_restarts: Annotated[int, Field(ge=0, le=MAX_RESTARTS)] = 3
+    # Seconds before the first restart, doubling each time up to backoff_max.
+    backoff: Annotated[Seconds, Field(ge=0)] = 1.0
+    backoff_max: Annotated[Seconds, Field(ge=0)] = 30.0
+    # Exit codes worth a restart; unset: every non-zero exit. Lost, silent or hung tasks and
+    # unreachable hosts are always worth one.
+    retryable_exit_codes: list[int] | None = None
+    # A task preempted (SIGTERM) checkpoints and exits with this code; the restart that follows
+    # does not count against max_restarts. 42 is TensorFlow's PreemptionCheckpointHandler's.
+    preemption_exit_code: Annotated[int, Field(ge=1, le=255)] = 42
+
+
+class StrategySection(_Model):
+    """Which tf.distribute strategy the runtime builds (worker.runtime.make_strategy)."""
+
+    # multi_worker_mirrored: every task, one replica per device (the default across hosts);
+    # mirrored: one host, many devices; one_device: one device; tpu: a TPU via its resolver.
+    kind: Literal["multi_worker_mirrored", "mirrored", "one_device", "tpu"] = (
+        "multi_worker_mirrored"
+    )
+    # mirrored / one_device: e.g. ["/gpu:0", "/gpu:1"]; empty: every GPU, else the CPU.
+    devices: list[str] = []
+    # Split the CPU into this many logical devices first (to run mirrored without GPUs).
+    logical_cpus: Annotated[int, Field(ge=0, le=64)] = 0
+    # tpu: the TPU's address or name (e.g. "grpc://10.0.0.2:8470"); "" = the local TPU.
+    tpu: str = ""
+    # Profile these training steps into TensorBoard, e.g. [10, 20]; empty: no profiling.
+    profile_steps: Annotated[list[int], Field(max_length=2)] = []
+
+
+class ClusterConfig(_Model):
+    job: JobSection
+    entrypoint: EntrypointSection
+    backend: Backend
+    ports: PortsSection = PortsSection()
+    supervision: SupervisionSection = SupervisionSection()
+    restart: RestartSection = RestartSection()
+    strategy: StrategySection = StrategySection()

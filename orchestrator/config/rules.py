@@ -1,0 +1,138 @@
+"""Rules across keys that pydantic cannot express alone; each error still names its key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from orchestrator.config.model import (
+    ClusterConfig,
+    EntrypointSection,
+    LocalBackend,
+    SshBackend,
+)
+from orchestrator.config.values import (
+    DEFAULT_SSH_PORT,
+    EXEC_BUDGET,
+    MAX_ARG_STRLEN,
+    MAX_PORT,
+    key_path,
+    normalized_address,
+    printable,
+    show,
+)
+from orchestrator.errors import ConfigError
+
+
+def check_semantics(config: ClusterConfig, source: str) -> None:
+    """Rules pydantic cannot express alone; each error still names its key."""
+    backend = config.backend
+    if isinstance(backend, SshBackend):
+        _check_hosts(backend, config.ports.base, source)
+    if isinstance(backend, LocalBackend):
+        script = config.entrypoint.script
+        if script is not None and not script.is_file():
+            raise ConfigError(
+                f"{source}: entrypoint.script: no such file: {printable(str(script))}"
+            )
+        workdir = config.entrypoint.workdir
+        if workdir is not None and not workdir.is_dir():
+            raise ConfigError(
+                f"{source}: entrypoint.workdir: no such directory: {printable(str(workdir))}"
+            )
+        _check_local_shared_dir(config.job.shared_dir, source)
+    per_host = (
+        backend.workers
+        if isinstance(backend, LocalBackend)
+        else max(h.slots for h in backend.hosts)
+    )
+    base = config.ports.base
+    if base and base + per_host - 1 > MAX_PORT:
+        raise ConfigError(
+            f"{source}: ports.base: {base} + {per_host} task(s) on a host needs ports up to "
+            f"{base + per_host - 1} (> {MAX_PORT})"
+        )
+    if config.strategy.kind != "multi_worker_mirrored":
+        tasks = (
+            backend.workers
+            if isinstance(backend, LocalBackend)
+            else sum(h.slots for h in backend.hosts)
+        )
+        if tasks != 1:
+            raise ConfigError(
+                f"{source}: strategy.kind: {config.strategy.kind} runs as a single task, "
+                f"but the backend plans {tasks}: use one worker (or multi_worker_mirrored)"
+            )
+    _check_exec_size(config.entrypoint, source)
+
+
+def _check_hosts(backend: SshBackend, base_port: int, source: str) -> None:
+    """One entry per host: the same address (hostnames ignore case, IPs in any spelling) and SSH
+    port twice is one host; with fixed ports, the same address twice would share task ports."""
+    seen: dict[tuple[str, int], int] = {}
+    by_address: dict[str, int] = {}
+    for i, host in enumerate(backend.hosts):
+        address = normalized_address(host.address)
+        port = host.port or backend.port or DEFAULT_SSH_PORT
+        if (address, port) in seen:
+            j = seen[(address, port)]
+            other = backend.hosts[j].address
+            shown = f"[{host.address}]" if ":" in host.address else host.address
+            same = "" if other == host.address else f" {other!r}: the same host"
+            raise ConfigError(
+                f"{source}: backend.hosts[{i}].address: duplicate host {shown}:{port} "
+                f"(same as backend.hosts[{j}]{same})"
+            )
+        seen[(address, port)] = i
+        if base_port and address in by_address:
+            j = by_address[address]
+            raise ConfigError(
+                f"{source}: backend.hosts[{i}].address: {host.address} is also "
+                f"backend.hosts[{j}]'s address: with fixed ports (ports.base = {base_port}) "
+                "their tasks would share ports; use one entry with more slots, or ports.base = 0"
+            )
+        by_address.setdefault(address, i)
+
+
+def _check_local_shared_dir(shared: Path, source: str) -> None:
+    """The local backend creates shared_dir here: it, or its nearest existing parent, must be a
+    directory (the preflight would only say it does not exist)."""
+    try:
+        existing = shared
+        while not existing.exists() and existing != existing.parent:
+            existing = existing.parent
+        if existing.is_dir():
+            return
+    except OSError:
+        return  # unreadable here: the preflight will say what is wrong
+    raise ConfigError(f"{source}: job.shared_dir: not a directory: {printable(str(existing))}")
+
+
+def _check_exec_size(entry: EntrypointSection, source: str) -> None:
+    """Every arg and variable must fit in one exec string, and all of them in the exec budget:
+    otherwise the trainer's exec fails on the host (E2BIG)."""
+    total = 0
+    for i, arg in enumerate(entry.args):
+        size = len(arg.encode()) + 1
+        if size > MAX_ARG_STRLEN:
+            raise ConfigError(
+                f"{source}: entrypoint.args[{i}]: {size} bytes; one argument must fit in "
+                f"{MAX_ARG_STRLEN} bytes (the kernel's MAX_ARG_STRLEN)"
+            )
+        total += size + 8
+    for name, value in entry.env.items():
+        if not name or "=" in name or not name.isprintable():
+            raise ConfigError(f"{source}: entrypoint.env: invalid variable name {show(name)}")
+        size = len(name.encode()) + 1 + len(value.encode()) + 1
+        if size > MAX_ARG_STRLEN:
+            raise ConfigError(
+                f"{source}: {key_path(('entrypoint', 'env', name))}: {size} bytes as "
+                f"NAME=value; one variable must fit in {MAX_ARG_STRLEN} bytes "
+                "(the kernel's MAX_ARG_STRLEN)"
+            )
+        total += size + 8
+    if total > EXEC_BUDGET:
+        raise ConfigError(
+            f"{source}: entrypoint.env: with entrypoint.args, {total} bytes; together they must "
+            f"stay under {EXEC_BUDGET} bytes (the exec size limit, shared with the host's own "
+            "environment)"
+        )

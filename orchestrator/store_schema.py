@@ -1,0 +1,169 @@
+"""The store's SQLite schema, its migrations from older versions, and opening it safely."""
+
+from __future__ import annotations
+
+import os
+import random
+import sqlite3
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from orchestrator.errors import UsageError
+
+SCHEMA_VERSION = 3
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+    id TEXT PRIMARY KEY,
+    name TEXT NOT NULL,
+    state TEXT NOT NULL,
+    backend TEXT NOT NULL,
+    config_path TEXT NOT NULL,
+    config_json TEXT NOT NULL,
+    job_dir TEXT NOT NULL,
+    created REAL NOT NULL,
+    updated REAL NOT NULL,
+    ended REAL,
+    attempt INTEGER NOT NULL DEFAULT 0,
+    restarts INTEGER NOT NULL DEFAULT 0,
+    preemptions INTEGER NOT NULL DEFAULT 0,
+    last_cause TEXT NOT NULL DEFAULT '',
+    supervisor_pid INTEGER,
+    supervisor_host TEXT NOT NULL DEFAULT '',
+    supervisor_ident TEXT NOT NULL DEFAULT ''
+);
+CREATE TABLE IF NOT EXISTS tasks (
+    job_id TEXT NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,
+    idx INTEGER NOT NULL,
+    type TEXT NOT NULL,
+    host_index INTEGER NOT NULL,
+    host TEXT NOT NULL,
+    address TEXT NOT NULL,
+    state TEXT NOT NULL,
+    attempt INTEGER NOT NULL DEFAULT 0,
+    agent_pid INTEGER,
+    trainer_pid INTEGER,
+    exit_code INTEGER,
+    epoch INTEGER NOT NULL DEFAULT 0,
+    initial_epoch INTEGER NOT NULL DEFAULT 0,
+    step INTEGER NOT NULL DEFAULT 0,
+    loss REAL,
+    steps_per_sec REAL,
+    heartbeat_at REAL,
+    first_step_at REAL,
+    phase TEXT NOT NULL DEFAULT '',
+    step_signal TEXT NOT NULL DEFAULT '',
+    total_epochs INTEGER NOT NULL DEFAULT 0,
+    steps_per_epoch INTEGER NOT NULL DEFAULT 0,
+    epoch_step INTEGER NOT NULL DEFAULT 0,
+    agent_ident TEXT NOT NULL DEFAULT '',
+    PRIMARY KEY (job_id, idx)
+);
+CREATE TABLE IF NOT EXISTS events (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    job_id TEXT NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,
+    ts REAL NOT NULL,
+    kind TEXT NOT NULL,
+    task INTEGER,
+    message TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS events_by_job ON events(job_id, id);
+CREATE TABLE IF NOT EXISTS samples (
+    job_id TEXT NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,
+    task INTEGER NOT NULL,
+    ts REAL NOT NULL,
+    attempt INTEGER NOT NULL,
+    epoch INTEGER NOT NULL,
+    step INTEGER NOT NULL,
+    loss REAL,
+    steps_per_sec REAL
+);
+CREATE INDEX IF NOT EXISTS samples_by_job ON samples(job_id, task, ts);
+"""
+
+# From each older schema to the next: a store keeps its jobs across upgrades.
+MIGRATIONS = {
+    2: [
+        "ALTER TABLE jobs ADD COLUMN supervisor_ident TEXT NOT NULL DEFAULT ''",
+        "ALTER TABLE tasks ADD COLUMN agent_ident TEXT NOT NULL DEFAULT ''",
+    ],
+    1: [
+        "ALTER TABLE tasks ADD COLUMN phase TEXT NOT NULL DEFAULT ''",
+        "ALTER TABLE tasks ADD COLUMN step_signal TEXT NOT NULL DEFAULT ''",
+        "ALTER TABLE tasks ADD COLUMN total_epochs INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE tasks ADD COLUMN steps_per_epoch INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE tasks ADD COLUMN epoch_step INTEGER NOT NULL DEFAULT 0",
+    ],
+}
+
+
+def open_database(path: Path) -> sqlite3.Connection:
+    """The store at `path`, created private or migrated to this schema, ready for use."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    # Private before SQLite opens it (its -wal and -shm files take the database's mode):
+    # it holds every job's configuration.
+    os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
+    if path.stat().st_mode & 0o077 and path.stat().st_uid == os.getuid():
+        path.chmod(0o600)
+    # check_same_thread off: a supervisor records each agent from the thread that started it
+    # (one at a time, under its own lock).
+    db = sqlite3.connect(path, timeout=30, isolation_level=None, check_same_thread=False)
+    db.row_factory = sqlite3.Row
+    db.execute("PRAGMA foreign_keys=ON")
+    _retry_locked(path, lambda: _initialise(db, path))
+    return db
+
+
+def _retry_locked(path: Path, action: Callable[[], None]) -> None:
+    """Another process creating or migrating the store at the same moment holds its lock
+    beyond the busy timeout of some statements (journal mode, schema): wait and retry."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            action()
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) and "busy" not in str(exc):
+                raise
+            if time.monotonic() > deadline:
+                raise UsageError(f"{path} stays locked by another process") from None
+            time.sleep(0.02 + random.random() * 0.05)
+
+
+def _initialise(db: sqlite3.Connection, path: Path) -> None:
+    """Schema and migrations under one exclusive transaction: of two processes creating a
+    new store at once, one creates it and the other then sees it made."""
+    if db.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
+        db.execute("PRAGMA journal_mode=WAL")
+    db.execute("PRAGMA synchronous=NORMAL")
+    db.execute("BEGIN EXCLUSIVE")
+    try:
+        version = db.execute("PRAGMA user_version").fetchone()[0]
+        if _has_schema(db):
+            while version in MIGRATIONS:
+                for statement in MIGRATIONS[version]:
+                    db.execute(statement)
+                version += 1
+            if version != SCHEMA_VERSION:
+                raise UsageError(
+                    f"{path} was written by another version of orchestrate (schema "
+                    f"{version}, this one needs {SCHEMA_VERSION}): move it away to start "
+                    "afresh"
+                )
+        else:
+            for statement in SCHEMA.split(";"):
+                if statement.strip():
+                    db.execute(statement)
+        db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+    db.execute("COMMIT")
+
+
+def _has_schema(db: sqlite3.Connection) -> bool:
+    row = db.execute(
+        "SELECT count(*) FROM sqlite_master WHERE type='table' AND name='events'"
+    ).fetchone()
+    return bool(row[0])
