@@ -3,14 +3,13 @@ record everything in the store.
 
 It runs in the foreground (`orchestrate launch`), as a detached background process
 (`orchestrate launch --detach`, i.e. `python -m orchestrator supervise JOB`), or adopts a
-running job whose supervisor died (`orchestrate attach JOB`). The rules live in monitor.py; this
-module does the I/O: status files, log streaming, store updates, stopping, relaunching.
+running job whose supervisor died (`orchestrate attach JOB`). It owns the restart loop and is
+the only writer of the job's state; the rules live in monitor.py and restart_policy.py, one
+round of reads in tick.py, and starting and stopping a group in group_control.py.
 """
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import os
 import signal
 import socket
@@ -18,47 +17,27 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 from types import FrameType
 
 from orchestrator.backends import Backend, open_backend
 from orchestrator.config import ClusterConfig
 from orchestrator.errors import OrchestrateError
+from orchestrator.group_control import BROKEN_GROUP_GRACE, GroupControl
 from orchestrator.job_state import JobStateMachine
 from orchestrator.jobs import collect_job
 from orchestrator.launcher import (
     AGENT_STOP_MARGIN,
-    AgentRef,
     job_layout,
-    make_specs,
-    plan_launch,
-    preflight,
-    run_setup,
-    shared_dir_trouble,
-    start_agents,
-    stop_agents,
 )
-from orchestrator.logstream import LineSink, LogTailer
+from orchestrator.logstream import LineSink
 from orchestrator.monitor import decide
 from orchestrator.observations import Decision, FailureKind, Verdict, failure
 from orchestrator.paths import collected_dir, report_png
-from orchestrator.plan import LaunchPlan, TaskPlan
 from orchestrator.restart_policy import plan_restart
-from orchestrator.states import JobState, TaskState
-from orchestrator.store import JobRecord, Store, TaskRecord
+from orchestrator.states import JobState
+from orchestrator.store import JobRecord, Store
 from orchestrator.tick import Group, Tick, Watch
 from worker.proctl import identity
-
-# A group that failed is broken (MWMS collectives cannot complete): no checkpoint can be taken,
-# and a trainer blocked in a collective ignores SIGTERM anyway. So its tasks get only a moment
-# between SIGTERM and SIGKILL, and the restart starts sooner.
-BROKEN_GROUP_GRACE = 0.2
-
-UNINSTRUMENTED_NOTICE = (
-    "entrypoint.instrument = false: progress, the watchdog and the first-step deadline see only "
-    "the phases and steps the script reports through worker.runtime (none for a plain script, "
-    "which then meets the startup deadline by running)"
-)
 
 
 class Supervisor:
@@ -81,12 +60,8 @@ class Supervisor:
         self.tick = Tick(
             store, job.id, self.backend, self.layout, sink, config.entrypoint.instrument
         )
-        self._leftovers: list[AgentRef] = []  # agents of earlier attempts we could not stop
-        self._watch_state = Watch(started=time.monotonic())
         self.job_state = JobStateMachine(store, job.id)  # the only writer of the job's state
-        self._live: Group | None = None  # the group started and not yet stopped
-        self._starting: list[AgentRef] = []  # agents started by a launch still under way
-        self._record_lock = threading.Lock()
+        self.group = GroupControl(store, job.id, config, self.backend, self.tick, sink)
 
     def install_signal_handlers(self) -> None:
         def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -102,24 +77,10 @@ class Supervisor:
 
     def adopt(self) -> JobState:
         """Supervise a job whose agents are running but whose supervisor is gone."""
-        tasks = self.store.tasks(self.job.id)
-        plan = LaunchPlan(self.job.name, tuple(_task_plan(t) for t in tasks))
-        agents = [
-            AgentRef(t.idx, t.host_index, t.agent_pid, t.agent_ident) for t in tasks if t.agent_pid
-        ]
-        log_copies = self.sink.copy_dir
-        self.tick.tailers = {
-            t.index: LogTailer(
-                self.backend.transport(t.host_index),
-                str(self.layout.log_path(t.index)),
-                offset=_size(log_copies / f"worker-{t.index}.log"),
-            )
-            for t in plan.tasks
-        }
         self.store.add_event(self.job.id, "attached", f"supervisor {os.getpid()} adopted the job")
         self.sink.info(f"attached to job {self.job.id} (attempt {self.job.attempt})")
-        group = Group(self.job.attempt, plan, agents)
-        if len(agents) < len(plan.tasks):  # died mid-launch: the group is incomplete
+        group = self.group.adopted(self.job.attempt, self.sink.copy_dir)
+        if len(group.agents) < len(group.plan.tasks):  # died mid-launch: the group is incomplete
             return self._main(
                 adopted=group, first=failure(FailureKind.LOST, "launch was interrupted")
             )
@@ -155,45 +116,12 @@ class Supervisor:
                 if self.attempt == 0:
                     raise  # the first launch fails fast: fix the hosts, then relaunch
                 return None, failure(FailureKind.LAUNCH, f"relaunch failed: {exc}")
-        self._live = group
+        self.group.live = group
         return group, self._watch(group)
-
-    def _name_shared_dir_trouble(self, group: Group, decision: Decision) -> Decision:
-        """A failed or silent task whose host's shared directory is full or unwritable: say so
-        in the cause (the trainer's own error, or a missing heartbeat, does not)."""
-        hosts = [group.plan.tasks[i].host_index for i in decision.tasks]
-        try:
-            trouble = shared_dir_trouble(self.config, self.backend, hosts)
-        except OrchestrateError:
-            return decision
-        if not trouble:
-            return decision
-        return dataclasses.replace(decision, cause=f"{decision.cause}; {'; '.join(trouble)}")
-
-    def _record_agent(self, agent: AgentRef) -> None:
-        """An agent just started (on a launch thread): into the store at once, so that no
-        agent runs unrecorded whatever becomes of this process."""
-        with self._record_lock:
-            self._starting.append(agent)
-            self.store.update_tasks(
-                self.job.id,
-                {
-                    agent.task_index: {
-                        "agent_pid": agent.pid,
-                        "agent_ident": agent.ident,
-                        "state": TaskState.STARTING,
-                    }
-                },
-            )
 
     def _fail_on_error(self, cause: str) -> None:
         """An error ends the job FAILED with its cause, after stopping whatever it started."""
-        if self._live is not None:
-            with contextlib.suppress(Exception):
-                self._stop_group(self._live, BROKEN_GROUP_GRACE)
-        elif self._starting:  # it failed in the middle of starting agents
-            with contextlib.suppress(Exception):
-                stop_agents(self.backend, self._starting, BROKEN_GROUP_GRACE)
+        self.group.stop_everything()
         if not self.job_state.state.is_terminal():
             self._finish(JobState.FAILED, cause)
 
@@ -213,14 +141,14 @@ class Supervisor:
                     return self._succeed(group, outcome)
                 decision = outcome
             if group is not None and decision.tasks:
-                decision = self._name_shared_dir_trouble(group, decision)
+                decision = self.group.name_shared_dir_trouble(group, decision)
             self.job_state.to(JobState.STOPPING, last_cause=decision.cause)
             self.store.add_event(self.job.id, "failure", decision.cause, *decision.tasks[:1])
             self.sink.info(f"{decision.cause}: stopping every task")
             if group is not None:
                 preempted = decision.exit_code == self.config.restart.preemption_exit_code
                 grace = self.config.supervision.stop_grace if preempted else BROKEN_GROUP_GRACE
-                self._stop_group(group, grace)
+                self.group.stop(group, grace)
             restart = plan_restart(
                 decision,
                 self.config.restart,
@@ -247,60 +175,16 @@ class Supervisor:
             group, pending = None, None
 
     def _launch(self, attempt: int) -> Group:
-        job_id, config = self.job.id, self.config
-        if self._leftovers:  # an earlier attempt's agents on a host that was unreachable
-            stopped = stop_agents(self.backend, self._leftovers, BROKEN_GROUP_GRACE)
-            self._leftovers = [a for a in self._leftovers if a.task_index in stopped.failed]
-        self.sink.info(f"attempt {attempt}: preflight on {self.backend.host_count()} host(s)")
-        reports = preflight(config, self.backend, job_id)
-        if attempt == 0:
-            run_setup(config, self.backend)
-            if not config.entrypoint.instrument:
-                self.store.add_event(job_id, "notice", UNINSTRUMENTED_NOTICE)
-                self.sink.info(UNINSTRUMENTED_NOTICE)
-        plan = plan_launch(config, reports)  # ports probed afresh: TF_CONFIG rebuilt
-        specs = make_specs(config, plan, job_id, attempt, self.backend)
-        self.store.replace_tasks(job_id, self._task_records(plan, attempt))
-        self._starting = []
-        agents = start_agents(
-            self.backend, plan, specs, config.supervision.stop_grace, self._record_agent
-        )
-        group = self._live = Group(attempt, plan, agents)
-        self._starting = []
+        group = self.group.launch(attempt)
         self.job_state.to(JobState.RUNNING, attempt=attempt)
         self.store.add_event(
-            job_id, "launched", f"attempt {attempt}: {len(agents)} task(s) started"
+            self.job.id, "launched", f"attempt {attempt}: {len(group.agents)} task(s) started"
         )
         self.sink.info(
-            f"job {job_id}: {len(agents)} task(s) running; "
-            + ", ".join(f"worker-{t.index}={t.endpoint}" for t in plan.tasks)
+            f"job {self.job.id}: {len(group.agents)} task(s) running; "
+            + ", ".join(f"worker-{t.index}={t.endpoint}" for t in group.plan.tasks)
         )
-        if not self.tick.tailers:
-            self.tick.tailers = {
-                t.index: LogTailer(
-                    self.backend.transport(t.host_index), str(self.layout.log_path(t.index))
-                )
-                for t in plan.tasks
-            }
-        else:  # same files, same offsets: a restart appends to each task's log
-            for t in plan.tasks:
-                self.tick.tailers[t.index].transport = self.backend.transport(t.host_index)
         return group
-
-    def _task_records(self, plan: LaunchPlan, attempt: int) -> list[TaskRecord]:
-        return [
-            TaskRecord(
-                job_id=self.job.id,
-                idx=t.index,
-                type=t.type,
-                host_index=t.host_index,
-                host=t.host_label,
-                address=t.endpoint,
-                state=TaskState.PENDING,
-                attempt=attempt,
-            )
-            for t in plan.tasks
-        ]
 
     # --- watching ---------------------------------------------------------------------
     def _watch(self, group: Group) -> Decision | None:
@@ -310,7 +194,7 @@ class Supervisor:
         for t in self.store.tasks(self.job.id):  # adopted tasks may be past their first step
             if t.first_step_at is not None and t.attempt == group.attempt:
                 watch.first_step.add(t.idx)
-        self._watch_state = watch
+        self.group.watch = watch
         while not self.stop_requested.is_set():
             observations = self.tick.observe(group, watch)
             elapsed = time.monotonic() - watch.started
@@ -335,7 +219,7 @@ class Supervisor:
             if not self.tick.alive_agents(group.agents):
                 break
             time.sleep(self.config.supervision.poll_interval)
-        self._stop_group(group, self.config.supervision.stop_grace + AGENT_STOP_MARGIN)
+        self.group.stop(group, self.config.supervision.stop_grace + AGENT_STOP_MARGIN)
         self._collect()
         self._finish(JobState.SUCCEEDED, outcome.cause)
         return JobState.SUCCEEDED
@@ -343,7 +227,7 @@ class Supervisor:
     def _stop_on_request(self, group: Group) -> JobState:
         self.job_state.to(JobState.STOPPING)
         self.sink.info("stop requested: stopping every task")
-        stuck = self._stop_group(group, self.config.supervision.stop_grace + AGENT_STOP_MARGIN)
+        stuck = self.group.stop(group, self.config.supervision.stop_grace + AGENT_STOP_MARGIN)
         if stuck:  # not confirmed: the job stays STOPPING, and says what a later stop must do
             hosts = sorted({group.plan.tasks[a.task_index].host_label for a in stuck})
             cause = (
@@ -356,42 +240,6 @@ class Supervisor:
             return JobState.STOPPING
         self._finish(JobState.STOPPED, "stopped on request")
         return JobState.STOPPED
-
-    def _stop_group(self, group: Group, grace: float) -> list[AgentRef]:
-        """Stop every agent's process group; record final states; flush the logs. Returns the
-        agents whose stop was not confirmed (their host did not answer): recorded UNREACHABLE,
-        and kept to stop again before the next launch."""
-        running_before = {t.idx for t in self.store.tasks(self.job.id) if not t.state.is_terminal()}
-        results = stop_agents(self.backend, group.agents, grace)
-        self._live = None
-        self.tick.recheck_liveness()
-        self.tick.observe(group, self._watch_state)
-        for agent in group.agents:
-            task = group.plan.tasks[agent.task_index]
-            with contextlib.suppress(OrchestrateError):  # an unreachable host's last lines
-                self.sink.task_lines(
-                    agent.task_index, task.host_label, self.tick.tailers[agent.task_index].flush()
-                )
-        stuck = [a for a in group.agents if a.task_index in results.failed]
-        if stuck:
-            self._leftovers.extend(stuck)
-            names = ", ".join(f"worker-{a.task_index}" for a in stuck)
-            self.store.add_event(self.job.id, "stop_failed", f"could not stop {names} (yet)")
-        # We stopped them: whatever they reported while going down (lost, or the preemption
-        # exit code of a trainer that checkpointed on our SIGTERM), they are stopped; those
-        # whose host did not answer are not known to be.
-        unconfirmed = {a.task_index for a in stuck}
-        self.store.update_tasks(
-            self.job.id,
-            {
-                t.idx: {
-                    "state": TaskState.UNREACHABLE if t.idx in unconfirmed else TaskState.STOPPED
-                }
-                for t in self.store.tasks(self.job.id)
-                if t.idx in running_before and t.state != TaskState.SUCCEEDED
-            },
-        )
-        return stuck
 
     def _collect(self) -> None:
         try:
@@ -416,22 +264,3 @@ class Supervisor:
         else:
             detail = report.stderr.decode(errors="replace").strip()[-300:]
             self.store.add_event(self.job.id, "report_failed", detail)
-
-
-def _task_plan(task: TaskRecord) -> TaskPlan:
-    host, _, port = task.address.rpartition(":")
-    return TaskPlan(
-        index=task.idx,
-        host_index=task.host_index,
-        host_label=task.host,
-        address=host.strip("[]"),
-        port=int(port) if port.isdigit() else None,
-        type=task.type,
-    )
-
-
-def _size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except FileNotFoundError:
-        return 0

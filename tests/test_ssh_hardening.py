@@ -25,6 +25,7 @@ import pytest
 from orchestrator.config import SshBackend
 from orchestrator.errors import TransportError
 from orchestrator.transport.ssh import SshTransport
+from orchestrator.transport.ssh.connect import connection_hops
 from orchestrator.transport.ssh.helper import HelperClient, HelperTimeout
 from orchestrator.transport.ssh.host_keys import (
     HostKeyError,
@@ -34,7 +35,6 @@ from orchestrator.transport.ssh.host_keys import (
     UnknownHostKeyError,
     fingerprint,
 )
-from orchestrator.transport.ssh.transport import connection_hops
 from tests.conftest import REPO, ssh_testbed, wait_for
 
 sys.path.insert(0, str(REPO / "scripts"))

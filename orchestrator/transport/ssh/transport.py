@@ -15,7 +15,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import shlex
-import socket
 import stat
 import threading
 import time
@@ -29,17 +28,18 @@ from fabric import Connection
 from orchestrator.config import SshBackend, SshHost
 from orchestrator.errors import TransportError
 from orchestrator.transport.base import CommandResult, Observation, ProcessRef
+from orchestrator.transport.ssh.connect import (
+    NETWORK_ERRORS,
+    close_hops,
+    new_connection,
+    open_connection,
+)
 from orchestrator.transport.ssh.helper import HelperClient, HelperTimeout
 from orchestrator.transport.ssh.host_keys import (
-    HostKeyError,
     HostKeyPolicy,
-    fingerprint,
-    host_key_name,
 )
 
 _T = TypeVar("_T")
-KEEPALIVE_SECONDS = 5
-NETWORK_ERRORS = (OSError, EOFError, paramiko.SSHException)
 
 
 class SshTransport:
@@ -77,90 +77,13 @@ class SshTransport:
             return self._open_locked()
 
     def new_connection(self) -> Connection:
-        """A Connection to this host, not yet open, with ~/.ssh/config applied (fabric makes
-        a gateway Connection per ProxyJump hop, each with paramiko's AutoAddPolicy: any key
-        accepted). Every hop gets the same host-key checks (our known keys for its own host,
-        our policy) and our timeouts before it opens."""
-        host, backend = self.host, self.backend
-        identity = host.identity_file or backend.identity_file
-        connect_kwargs: dict[str, object] = {}
-        if identity is not None:
-            connect_kwargs["key_filename"] = [str(identity.expanduser())]
-        conn = Connection(
-            host.address,
-            user=host.user or backend.user,
-            port=host.port or backend.port,
-            connect_timeout=backend.connect_timeout,
-            connect_kwargs=connect_kwargs,
-        )
-        for i, hop in enumerate(connection_hops(conn)):
-            self._policy.prepare(hop.client, hop.host, int(hop.port))
-            if i > 0:  # a gateway: fabric leaves its timeouts unset (the channel open: an hour)
-                if hop.connect_timeout is None:
-                    hop.connect_timeout = backend.connect_timeout
-                hop.connect_kwargs = {
-                    "channel_timeout": backend.connect_timeout,
-                    **hop.connect_kwargs,
-                }
-        return conn
+        """A Connection to this host, not yet open, every hop prepared (see connect.py)."""
+        return new_connection(self.host, self.backend, self._policy)
 
     def _open_locked(self) -> paramiko.Transport:
-        backend = self.backend
-        try:
-            conn = self.new_connection()
-        except HostKeyError as exc:
-            raise TransportError(f"{self.host_label}: {exc}") from None
-        where = " via ".join(f"{hop.user}@{hop.host}:{hop.port}" for hop in connection_hops(conn))
-        try:
-            if conn.gateway is None:  # with a ProxyJump/ProxyCommand, fabric makes the socket
-                sock = socket.create_connection((conn.host, conn.port), backend.connect_timeout)
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                conn.connect_kwargs["sock"] = sock
-            conn.open()
-        except paramiko.BadHostKeyException as exc:
-            _close_hops(conn)
-            name = _key_name_of(conn, exc.hostname)
-            revoked = False
-            with contextlib.suppress(HostKeyError):
-                revoked = self._policy.load().is_revoked(name, exc.key)
-            if revoked:
-                raise TransportError(
-                    f"{self.host_label}: {self._policy.revoked_message(name, exc.key)}"
-                ) from None
-            raise TransportError(
-                f"{self.host_label}: host key for {name} has CHANGED "
-                f"(now {fingerprint(exc.key)}, {self.known_hosts} has "
-                f"{fingerprint(exc.expected_key)}); refusing to connect. If the change is "
-                f"expected, remove the old key: "
-                f"ssh-keygen -R {shlex.quote(name)} -f {self.known_hosts}"
-            ) from None
-        except HostKeyError as exc:
-            _close_hops(conn)
-            raise TransportError(f"{self.host_label}: {exc}") from None
-        except paramiko.AuthenticationException as exc:
-            _close_hops(conn)
-            raise TransportError(
-                f"{self.host_label}: authentication failed for {where}: {exc}"
-            ) from None
-        except TimeoutError:
-            _close_hops(conn)
-            raise TransportError(
-                f"{self.host_label}: cannot connect to {where}: timed out after "
-                f"{backend.connect_timeout:g}s"
-            ) from None
-        except NETWORK_ERRORS as exc:
-            _close_hops(conn)
-            raise TransportError(f"{self.host_label}: cannot connect to {where}: {exc}") from None
-        except BaseException:
-            _close_hops(conn)
-            raise
-        for hop in connection_hops(conn):
-            hop_transport = hop.client.get_transport()
-            if hop_transport is not None:
-                hop_transport.set_keepalive(KEEPALIVE_SECONDS)
-        transport = conn.client.get_transport()
-        assert transport is not None
-        self._conn = conn
+        self._conn, transport = open_connection(
+            self.host, self.backend, self._policy, self.known_hosts
+        )
         return transport
 
     def _drop_locked(self) -> None:
@@ -172,7 +95,7 @@ class SshTransport:
                 self._sftp.close()
             self._sftp = None
         if self._conn is not None:
-            _close_hops(self._conn)
+            close_hops(self._conn)
             self._conn = None
 
     def close(self) -> None:
@@ -396,36 +319,6 @@ class SshTransport:
     def stop_job(self, job_id: str, grace: float) -> list[int]:
         left = self.worker_call("stop_job", {"job_id": job_id, "grace": grace}, grace + 30)
         return [int(pid) for pid in left]
-
-
-def connection_hops(conn: Connection) -> list[Connection]:
-    """The connection, then its gateway Connections (ProxyJump hops), target first. A
-    ProxyCommand gateway (a string) is the user's own command: no hop of ours."""
-    hops: list[Connection] = []
-    node: object = conn
-    while isinstance(node, Connection) and all(node is not hop for hop in hops):
-        hops.append(node)
-        node = node.gateway
-    return hops
-
-
-def _close_hops(conn: Connection) -> None:
-    """Close the connection and every gateway under it. Fabric's close leaves gateways open,
-    and does nothing where open() failed (a refused host key, failed authentication) although
-    paramiko's transport is running by then: close the client too."""
-    for hop in connection_hops(conn):
-        with contextlib.suppress(Exception):
-            hop.close()
-        with contextlib.suppress(Exception):
-            hop.client.close()
-
-
-def _key_name_of(conn: Connection, hostname: str) -> str:
-    """The known_hosts name of the hop that paramiko reported by its bare host name."""
-    for hop in connection_hops(conn):
-        if hop.host == hostname:
-            return host_key_name(hop.host, int(hop.port))
-    return hostname
 
 
 def _sftp_makedirs(sftp: paramiko.SFTPClient, path: str) -> None:

@@ -1,0 +1,233 @@
+"""Starting and stopping one attempt's group of agents, for the supervisor: preflight, setup,
+plan, start (each agent recorded the moment it starts), log tailers, and a stop that records each
+task's final state and keeps the agents it could not confirm stopped, to stop them again.
+
+The supervisor decides when; this module does it. It never writes the job's state."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import threading
+from pathlib import Path
+
+from orchestrator.backends import Backend
+from orchestrator.config import ClusterConfig
+from orchestrator.errors import OrchestrateError
+from orchestrator.launcher import (
+    AgentRef,
+    make_specs,
+    plan_launch,
+    preflight,
+    run_setup,
+    shared_dir_trouble,
+    start_agents,
+    stop_agents,
+)
+from orchestrator.logstream import LineSink, LogTailer
+from orchestrator.observations import Decision
+from orchestrator.plan import LaunchPlan, TaskPlan
+from orchestrator.states import TaskState
+from orchestrator.store import Store, TaskRecord
+from orchestrator.tick import Group, Tick, Watch
+
+# A group that failed is broken (MWMS collectives cannot complete): no checkpoint can be taken,
+# and a trainer blocked in a collective ignores SIGTERM anyway. So its tasks get only a moment
+# between SIGTERM and SIGKILL, and the restart starts sooner.
+BROKEN_GROUP_GRACE = 0.2
+
+UNINSTRUMENTED_NOTICE = (
+    "entrypoint.instrument = false: progress, the watchdog and the first-step deadline see only "
+    "the phases and steps the script reports through worker.runtime (none for a plain script, "
+    "which then meets the startup deadline by running)"
+)
+
+
+class GroupControl:
+    def __init__(
+        self,
+        store: Store,
+        job_id: str,
+        config: ClusterConfig,
+        backend: Backend,
+        tick: Tick,
+        sink: LineSink,
+    ) -> None:
+        self.store = store
+        self.job_id = job_id
+        self.config = config
+        self.backend = backend
+        self.tick = tick
+        self.sink = sink
+        self.live: Group | None = None  # the group started and not yet stopped
+        self.watch = Watch(started=0.0)  # the live attempt's bookkeeping (set by the watcher)
+        self._leftovers: list[AgentRef] = []  # agents of earlier attempts we could not stop
+        self._starting: list[AgentRef] = []  # agents started by a launch still under way
+        self._record_lock = threading.Lock()
+
+    # --- starting -----------------------------------------------------------------------
+    def launch(self, attempt: int) -> Group:
+        """Preflight every host, plan (ports probed afresh: TF_CONFIG rebuilt) and start one
+        agent per task. Raises OrchestrateError when a host is not fit or an agent fails."""
+        job_id, config = self.job_id, self.config
+        if self._leftovers:  # an earlier attempt's agents on a host that was unreachable
+            stopped = stop_agents(self.backend, self._leftovers, BROKEN_GROUP_GRACE)
+            self._leftovers = [a for a in self._leftovers if a.task_index in stopped.failed]
+        self.sink.info(f"attempt {attempt}: preflight on {self.backend.host_count()} host(s)")
+        reports = preflight(config, self.backend, job_id)
+        if attempt == 0:
+            run_setup(config, self.backend)
+            if not config.entrypoint.instrument:
+                self.store.add_event(job_id, "notice", UNINSTRUMENTED_NOTICE)
+                self.sink.info(UNINSTRUMENTED_NOTICE)
+        plan = plan_launch(config, reports)
+        specs = make_specs(config, plan, job_id, attempt, self.backend)
+        self.store.replace_tasks(job_id, _task_records(job_id, plan, attempt))
+        self._starting = []
+        agents = start_agents(
+            self.backend, plan, specs, config.supervision.stop_grace, self._record_agent
+        )
+        group = self.live = Group(attempt, plan, agents)
+        self._starting = []
+        self._tail(plan)
+        return group
+
+    def adopted(self, attempt: int, log_copies: Path) -> Group:
+        """The group recorded in the store, whose supervisor is gone: its agents, and tailers
+        that go on from what the coordinator's log copies already hold."""
+        tasks = self.store.tasks(self.job_id)
+        plan = LaunchPlan(self.store.get_job(self.job_id).name, tuple(map(_task_plan, tasks)))
+        agents = [
+            AgentRef(t.idx, t.host_index, t.agent_pid, t.agent_ident) for t in tasks if t.agent_pid
+        ]
+        self.tick.tailers = {
+            t.index: LogTailer(
+                self.backend.transport(t.host_index),
+                str(self.tick.layout.log_path(t.index)),
+                offset=_size(log_copies / f"worker-{t.index}.log"),
+            )
+            for t in plan.tasks
+        }
+        return Group(attempt, plan, agents)
+
+    def _tail(self, plan: LaunchPlan) -> None:
+        if not self.tick.tailers:
+            self.tick.tailers = {
+                t.index: LogTailer(
+                    self.backend.transport(t.host_index), str(self.tick.layout.log_path(t.index))
+                )
+                for t in plan.tasks
+            }
+        else:  # same files, same offsets: a restart appends to each task's log
+            for t in plan.tasks:
+                self.tick.tailers[t.index].transport = self.backend.transport(t.host_index)
+
+    def _record_agent(self, agent: AgentRef) -> None:
+        """An agent just started (on a launch thread): into the store at once, so that no
+        agent runs unrecorded whatever becomes of this process."""
+        with self._record_lock:
+            self._starting.append(agent)
+            self.store.update_tasks(
+                self.job_id,
+                {
+                    agent.task_index: {
+                        "agent_pid": agent.pid,
+                        "agent_ident": agent.ident,
+                        "state": TaskState.STARTING,
+                    }
+                },
+            )
+
+    # --- stopping -----------------------------------------------------------------------
+    def stop(self, group: Group, grace: float) -> list[AgentRef]:
+        """Stop every agent's process group; record final states; flush the logs. Returns the
+        agents whose stop was not confirmed (their host did not answer): recorded UNREACHABLE,
+        and kept to stop again before the next launch."""
+        running_before = {t.idx for t in self.store.tasks(self.job_id) if not t.state.is_terminal()}
+        results = stop_agents(self.backend, group.agents, grace)
+        self.live = None
+        self.tick.recheck_liveness()
+        self.tick.observe(group, self.watch)
+        for agent in group.agents:
+            task = group.plan.tasks[agent.task_index]
+            with contextlib.suppress(OrchestrateError):  # an unreachable host's last lines
+                self.sink.task_lines(
+                    agent.task_index, task.host_label, self.tick.tailers[agent.task_index].flush()
+                )
+        stuck = [a for a in group.agents if a.task_index in results.failed]
+        if stuck:
+            self._leftovers.extend(stuck)
+            names = ", ".join(f"worker-{a.task_index}" for a in stuck)
+            self.store.add_event(self.job_id, "stop_failed", f"could not stop {names} (yet)")
+        # We stopped them: whatever they reported while going down (lost, or the preemption
+        # exit code of a trainer that checkpointed on our SIGTERM), they are stopped; those
+        # whose host did not answer are not known to be.
+        unconfirmed = {a.task_index for a in stuck}
+        self.store.update_tasks(
+            self.job_id,
+            {
+                t.idx: {
+                    "state": TaskState.UNREACHABLE if t.idx in unconfirmed else TaskState.STOPPED
+                }
+                for t in self.store.tasks(self.job_id)
+                if t.idx in running_before and t.state != TaskState.SUCCEEDED
+            },
+        )
+        return stuck
+
+    def stop_everything(self) -> None:
+        """After an error: stop whatever was started (the live group, or the agents of a launch
+        that failed half way), quickly, never raising."""
+        if self.live is not None:
+            with contextlib.suppress(Exception):
+                self.stop(self.live, BROKEN_GROUP_GRACE)
+        elif self._starting:
+            with contextlib.suppress(Exception):
+                stop_agents(self.backend, self._starting, BROKEN_GROUP_GRACE)
+
+    def name_shared_dir_trouble(self, group: Group, decision: Decision) -> Decision:
+        """A failed or silent task whose host's shared directory is full or unwritable: say so
+        in the cause (the trainer's own error, or a missing heartbeat, does not)."""
+        hosts = [group.plan.tasks[i].host_index for i in decision.tasks]
+        try:
+            trouble = shared_dir_trouble(self.config, self.backend, hosts)
+        except OrchestrateError:
+            return decision
+        if not trouble:
+            return decision
+        return dataclasses.replace(decision, cause=f"{decision.cause}; {'; '.join(trouble)}")
+
+
+def _task_records(job_id: str, plan: LaunchPlan, attempt: int) -> list[TaskRecord]:
+    return [
+        TaskRecord(
+            job_id=job_id,
+            idx=t.index,
+            type=t.type,
+            host_index=t.host_index,
+            host=t.host_label,
+            address=t.endpoint,
+            state=TaskState.PENDING,
+            attempt=attempt,
+        )
+        for t in plan.tasks
+    ]
+
+
+def _task_plan(task: TaskRecord) -> TaskPlan:
+    host, _, port = task.address.rpartition(":")
+    return TaskPlan(
+        index=task.idx,
+        host_index=task.host_index,
+        host_label=task.host,
+        address=host.strip("[]"),
+        port=int(port) if port.isdigit() else None,
+        type=task.type,
+    )
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
