@@ -27,6 +27,14 @@ class PreflightError(OrchestrateError):
     """One or more hosts failed their checks; nothing was started."""
 
 
+class HostsUnreachable(PreflightError):
+    """Preflight could not reach some hosts at all (as opposed to hosts that answered unfit)."""
+
+    def __init__(self, message: str, hosts: tuple[int, ...]) -> None:
+        super().__init__(message)
+        self.hosts = hosts  # by position in cluster.toml
+
+
 class LaunchError(OrchestrateError):
     """Agents could not be started; those that did start were stopped again."""
 

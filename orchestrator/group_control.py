@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import threading
+from collections.abc import Collection, Sequence
 from pathlib import Path
 
 from orchestrator.backends import Backend
@@ -66,21 +67,20 @@ class GroupControl:
         self._record_lock = threading.Lock()
 
     # --- starting -----------------------------------------------------------------------
-    def launch(self, attempt: int) -> Group:
-        """Preflight every host, plan (ports probed afresh: TF_CONFIG rebuilt) and start one
-        agent per task. Raises OrchestrateError when a host is not fit or an agent fails."""
+    def launch(self, attempt: int, hosts: Sequence[int]) -> Group:
+        """Preflight the hosts, plan (ports probed afresh: TF_CONFIG rebuilt) and start one
+        agent per task on them. Raises HostsUnreachable when a host cannot be reached, and
+        OrchestrateError when a host is not fit or an agent fails."""
         job_id, config = self.job_id, self.config
-        if self._leftovers:  # an earlier attempt's agents on a host that was unreachable
-            stopped = stop_agents(self.backend, self._leftovers, BROKEN_GROUP_GRACE)
-            self._leftovers = [a for a in self._leftovers if a.task_index in stopped.failed]
-        self.sink.info(f"attempt {attempt}: preflight on {self.backend.host_count()} host(s)")
-        reports = preflight(config, self.backend, job_id)
+        self.sink.info(f"attempt {attempt}: preflight on {len(hosts)} host(s)")
+        reports = preflight(config, self.backend, job_id, hosts)
+        self.stop_leftovers(hosts)
         if attempt == 0:
             run_setup(config, self.backend)
             if not config.entrypoint.instrument:
                 self.store.add_event(job_id, "notice", UNINSTRUMENTED_NOTICE)
                 self.sink.info(UNINSTRUMENTED_NOTICE)
-        plan = plan_launch(config, reports)
+        plan = plan_launch(config, reports, hosts)
         specs = make_specs(config, plan, job_id, attempt, self.backend)
         self.store.replace_tasks(job_id, _task_records(job_id, plan, attempt))
         self._starting = []
@@ -139,22 +139,24 @@ class GroupControl:
             )
 
     # --- stopping -----------------------------------------------------------------------
-    def stop(self, group: Group, grace: float) -> list[AgentRef]:
-        """Stop every agent's process group; record final states; flush the logs. Returns the
-        agents whose stop was not confirmed (their host did not answer): recorded UNREACHABLE,
-        and kept to stop again before the next launch."""
+    def stop(self, group: Group, grace: float, lost: Collection[int] = ()) -> list[AgentRef]:
+        """Stop every agent's process group; record final states; flush the logs. Agents on
+        `lost` hosts are not waited on. Returns the agents whose stop was not confirmed (lost,
+        or their host did not answer): recorded UNREACHABLE, and kept to stop again once their
+        host is back."""
         running_before = {t.idx for t in self.store.tasks(self.job_id) if not t.state.is_terminal()}
-        results = stop_agents(self.backend, group.agents, grace)
+        reachable = [a for a in group.agents if a.host_index not in lost]
+        results = stop_agents(self.backend, reachable, grace)
         self.live = None
         self.tick.recheck_liveness()
-        self.tick.observe(group, self.watch)
-        for agent in group.agents:
+        self.tick.observe(group, self.watch, skip=lost)
+        for agent in reachable:
             task = group.plan.tasks[agent.task_index]
             with contextlib.suppress(OrchestrateError):  # an unreachable host's last lines
                 self.sink.task_lines(
                     agent.task_index, task.host_label, self.tick.tailers[agent.task_index].flush()
                 )
-        stuck = [a for a in group.agents if a.task_index in results.failed]
+        stuck = [a for a in group.agents if a.host_index in lost or a.task_index in results.failed]
         if stuck:
             self._leftovers.extend(stuck)
             names = ", ".join(f"worker-{a.task_index}" for a in stuck)
@@ -174,6 +176,24 @@ class GroupControl:
             },
         )
         return stuck
+
+    def stop_leftovers(self, hosts: Collection[int] | None = None) -> None:
+        """Stop agents of earlier attempts whose stop was never confirmed, on these hosts
+        (default: all) now that they answer; those still unreachable stay on the list."""
+        chosen = [a for a in self._leftovers if hosts is None or a.host_index in hosts]
+        if not chosen:
+            return
+        stopped = stop_agents(self.backend, chosen, BROKEN_GROUP_GRACE)
+        done = {a.task_index for a in chosen if a.task_index not in stopped.failed}
+        gone = [a for a in chosen if a.task_index in done]
+        self._leftovers = [a for a in self._leftovers if a not in gone]
+        if gone:
+            names = ", ".join(f"worker-{a.task_index} (attempt's pid {a.pid})" for a in gone)
+            self.store.add_event(self.job_id, "cleaned_up", f"stopped leftover {names}")
+
+    @property
+    def leftovers(self) -> list[AgentRef]:
+        return list(self._leftovers)
 
     def stop_everything(self) -> None:
         """After an error: stop whatever was started (the live group, or the agents of a launch

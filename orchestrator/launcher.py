@@ -5,14 +5,20 @@ from __future__ import annotations
 
 import contextlib
 import secrets
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from orchestrator.backends import Backend
 from orchestrator.config import ClusterConfig, LocalBackend, SshBackend
-from orchestrator.errors import LaunchError, OrchestrateError, PreflightError
+from orchestrator.errors import (
+    HostsUnreachable,
+    LaunchError,
+    OrchestrateError,
+    PreflightError,
+    TransportError,
+)
 from orchestrator.fanout import HostResults, each
-from orchestrator.plan import LaunchPlan, build_plan, fixed_ports, task_slots
+from orchestrator.plan import LaunchPlan, build_plan, fixed_ports, initial_hosts, task_slots
 from orchestrator.transport.base import ProcessRef
 from worker.spec import (
     ENV_JOB_ID,
@@ -47,11 +53,15 @@ def host_labels(config: ClusterConfig) -> list[str]:
     return [h.label for h in backend.hosts]
 
 
-def preflight(config: ClusterConfig, backend: Backend, job_id: str) -> list[HostReport]:
-    """Check every host in parallel; raise PreflightError naming every failing host."""
+def preflight(
+    config: ClusterConfig, backend: Backend, job_id: str, hosts: Sequence[int] | None = None
+) -> dict[int, HostReport]:
+    """Check the hosts (default: those a job starts on) in parallel; raise PreflightError
+    naming every failing host (HostsUnreachable when some could not be reached at all)."""
     labels = host_labels(config)
+    hosts = initial_hosts(config) if hosts is None else tuple(hosts)
     slots_per_host = [0] * len(labels)
-    for slot in task_slots(config):
+    for slot in task_slots(config, hosts):
         slots_per_host[slot.host_index] += 1
     shared = str(config.job.shared_dir)
     token_dir = f"{shared}/.orchestrate-preflight-{job_id}"
@@ -91,9 +101,10 @@ def preflight(config: ClusterConfig, backend: Backend, job_id: str) -> list[Host
             ports=tuple(data.get("ports", [])),
         )
 
-    results = each(range(len(labels)), probe)
-    if results.ok and len(labels) > 1:
-        results = results.with_failures(_check_shared(backend, labels, token_dir, token).failed)
+    results = each(hosts, probe)
+    if results.ok and len(hosts) > 1:
+        shared_ok = _check_shared(backend, hosts, labels, token_dir, token)
+        results = results.with_failures(shared_ok.failed)
     versions = {r.tensorflow for r in results.values()}
     if len(versions) > 1:
         detail = ", ".join(f"{r.host_label}={r.tensorflow}" for r in results.values())
@@ -104,30 +115,37 @@ def preflight(config: ClusterConfig, backend: Backend, job_id: str) -> list[Host
             backend.transport(i).worker_call("remove", {"path": token_dir})
         break
     if not results.ok:
-        raise PreflightError(
-            f"preflight failed on {len(results.failed)} host(s): "
-            + results.describe_failures(lambda i: labels[i])
+        message = f"preflight failed on {len(results.failed)} host(s): " + (
+            results.describe_failures(lambda i: labels[i])
         )
-    return results.values()
+        unreachable = tuple(i for i, e in results.failed.items() if isinstance(e, TransportError))
+        if unreachable:
+            raise HostsUnreachable(message, unreachable)
+        raise PreflightError(message)
+    return dict(results.succeeded)
 
 
 def _check_shared(
-    backend: Backend, labels: list[str], token_dir: str, token: str
+    backend: Backend, hosts: Sequence[int], labels: list[str], token_dir: str, token: str
 ) -> HostResults[int, None]:
     """Every host reads back the token every other host wrote to the shared directory."""
-    paths = [f"{token_dir}/{i}" for i in range(len(labels))]
+    paths = [f"{token_dir}/{i}" for i in hosts]
 
     def read_back(i: int) -> None:
         seen = backend.transport(i).worker_call(
             "read_tokens", {"paths": paths}, timeout=PROBE_TIMEOUT
         )
-        missing = [labels[j] for j, path in enumerate(paths) if seen.get(path) != f"{token}-{j}"]
+        missing = [
+            labels[j]
+            for j, path in zip(hosts, paths, strict=True)
+            if seen.get(path) != f"{token}-{j}"
+        ]
         if missing:
             raise PreflightError(
                 f"shared_dir is not shared: cannot see files written by {', '.join(missing)}"
             )
 
-    return each(range(len(labels)), read_back)
+    return each(hosts, read_back)
 
 
 LOW_SPACE = 1 << 20  # bytes: below this a shared directory is as good as full
@@ -175,9 +193,12 @@ def run_setup(config: ClusterConfig, backend: Backend) -> None:
         )
 
 
-def plan_launch(config: ClusterConfig, reports: Sequence[HostReport]) -> LaunchPlan:
-    """Assign ports (fixed, or those probed free on each host) and build the plan."""
-    slots = task_slots(config)
+def plan_launch(
+    config: ClusterConfig, reports: Mapping[int, HostReport], hosts: Sequence[int] | None = None
+) -> LaunchPlan:
+    """Assign ports (fixed, or those probed free on each host) and build the plan on the given
+    hosts (default: those a job starts on)."""
+    slots = task_slots(config, hosts)
     ports = fixed_ports(config, slots)
     if ports is None:
         taken: dict[int, int] = {}
@@ -186,7 +207,7 @@ def plan_launch(config: ClusterConfig, reports: Sequence[HostReport]) -> LaunchP
             n = taken.get(slot.host_index, 0)
             taken[slot.host_index] = n + 1
             ports.append(reports[slot.host_index].ports[n])
-    return build_plan(config, ports)
+    return build_plan(config, ports, hosts)
 
 
 def trainer_argv(config: ClusterConfig, python: str) -> list[str]:
@@ -219,9 +240,17 @@ def make_specs(
             stop_grace=sup.stop_grace,
             preemption_exit_code=config.restart.preemption_exit_code,
             instrument=config.entrypoint.instrument,
+            orphan_timeout=orphan_timeout(config),
         )
         for task in plan.tasks
     ]
+
+
+def orphan_timeout(config: ClusterConfig) -> float:
+    """How long an agent cut off from the coordinator and every peer trains on: well past the
+    moment the coordinator gives its host up (host_timeout), so that only a real partition,
+    never a slow tick, stops a trainer."""
+    return 2 * config.supervision.host_timeout + 5.0
 
 
 def start_agents(

@@ -24,7 +24,10 @@ class FailureKind(StrEnum):
     SILENT = "silent"  # heartbeats stopped (agent hung, host unreachable)
     HUNG = "hung"  # heartbeats go on, training steps do not (watchdog)
     STARTUP = "startup"  # the group missed its startup deadline
-    LAUNCH = "launch"  # a relaunch could not start (host still down, ...)
+    LAUNCH = "launch"  # a relaunch could not start (a host unfit, an agent that failed, ...)
+    HOST_LOST = "host_lost"  # a host's reads failed for host_timeout
+    HOST_WAIT = "host_wait"  # a lost host stayed away past host_wait, nothing could replace it
+    REGROW = "regrow"  # a dropped host is back: restart at full width (not a failure)
 
 
 @dataclass(frozen=True)
@@ -49,15 +52,20 @@ class Decision:
     tasks: tuple[int, ...] = ()
     kind: FailureKind | None = None
     exit_code: int | None = None
+    hosts: tuple[int, ...] = ()  # HOST_LOST: the lost hosts; REGROW: those back
 
 
 CONTINUE = Decision(Verdict.CONTINUE)
 
 
 def failure(
-    kind: FailureKind, cause: str, tasks: tuple[int, ...] = (), code: int | None = None
+    kind: FailureKind,
+    cause: str,
+    tasks: tuple[int, ...] = (),
+    code: int | None = None,
+    hosts: tuple[int, ...] = (),
 ) -> Decision:
-    return Decision(Verdict.FAILED, cause, tasks, kind, code)
+    return Decision(Verdict.FAILED, cause, tasks, kind, code, hosts)
 
 
 def task_names(indices: Sequence[int]) -> str:

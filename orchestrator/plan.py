@@ -67,15 +67,27 @@ class LaunchPlan:
         return json.dumps(self.tf_config(index), separators=(",", ":"))
 
 
-def task_slots(config: ClusterConfig) -> list[HostSlot]:
-    """One slot per task, in file order: hosts in order, each host's slots consecutive."""
+def initial_hosts(config: ClusterConfig) -> tuple[int, ...]:
+    """The hosts a job starts on: every host in cluster.toml but the spares."""
+    backend = config.backend
+    if isinstance(backend, LocalBackend):
+        return (0,)
+    assert isinstance(backend, SshBackend)
+    return tuple(h for h, host in enumerate(backend.hosts) if not host.spare)
+
+
+def task_slots(config: ClusterConfig, hosts: Sequence[int] | None = None) -> list[HostSlot]:
+    """One slot per task, in file order: hosts in order, each host's slots consecutive. Only
+    the given hosts (by position in cluster.toml; default: `initial_hosts`) get tasks."""
     backend = config.backend
     if isinstance(backend, LocalBackend):
         return [HostSlot(0, LOCAL_HOST_LABEL, LOOPBACK, i) for i in range(backend.workers)]
     assert isinstance(backend, SshBackend)
+    chosen = set(initial_hosts(config) if hosts is None else hosts)
     return [
         HostSlot(h, host.label, host.address, s)
         for h, host in enumerate(backend.hosts)
+        if h in chosen
         for s in range(host.slots)
     ]
 
@@ -100,8 +112,10 @@ def fixed_ports(config: ClusterConfig, slots: Sequence[HostSlot]) -> list[int] |
     return ports
 
 
-def build_plan(config: ClusterConfig, ports: Sequence[int | None]) -> LaunchPlan:
-    slots = task_slots(config)
+def build_plan(
+    config: ClusterConfig, ports: Sequence[int | None], hosts: Sequence[int] | None = None
+) -> LaunchPlan:
+    slots = task_slots(config, hosts)
     if len(ports) != len(slots):
         raise ValueError(f"need {len(slots)} ports, got {len(ports)}")
     tasks = tuple(

@@ -28,6 +28,10 @@ def plan_restart(
     )
     if preempted:
         return RestartPlan(True, False, 0.0, "preempted: restart not counted")
+    if decision.kind == FailureKind.REGROW:
+        return RestartPlan(True, False, 0.0, "growing back to full width: restart not counted")
+    if decision.kind == FailureKind.HOST_WAIT:
+        return RestartPlan(False, False, 0.0, "supervision.host_wait passed")
     if decision.kind == FailureKind.STARTUP and not startup_timeout_restarts:
         return RestartPlan(False, False, 0.0, "on_startup_timeout = fail")
     if (

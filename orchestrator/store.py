@@ -40,6 +40,7 @@ class JobRecord:
     supervisor_pid: int | None = None
     supervisor_host: str = ""
     supervisor_ident: str = ""  # worker.proctl.identity of supervisor_pid
+    hosts_json: str = ""  # host_pool.HostPool: which hosts train, wait, stand by or rest
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from orchestrator.errors import UsageError
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -31,7 +31,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     last_cause TEXT NOT NULL DEFAULT '',
     supervisor_pid INTEGER,
     supervisor_host TEXT NOT NULL DEFAULT '',
-    supervisor_ident TEXT NOT NULL DEFAULT ''
+    supervisor_ident TEXT NOT NULL DEFAULT '',
+    hosts_json TEXT NOT NULL DEFAULT ''
 );
 CREATE TABLE IF NOT EXISTS tasks (
     job_id TEXT NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,
@@ -84,6 +85,7 @@ CREATE INDEX IF NOT EXISTS samples_by_job ON samples(job_id, task, ts);
 
 # From each older schema to the next: a store keeps its jobs across upgrades.
 MIGRATIONS = {
+    3: ["ALTER TABLE jobs ADD COLUMN hosts_json TEXT NOT NULL DEFAULT ''"],
     2: [
         "ALTER TABLE jobs ADD COLUMN supervisor_ident TEXT NOT NULL DEFAULT ''",
         "ALTER TABLE tasks ADD COLUMN agent_ident TEXT NOT NULL DEFAULT ''",

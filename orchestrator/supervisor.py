@@ -23,6 +23,7 @@ from orchestrator.backends import Backend, open_backend
 from orchestrator.config import ClusterConfig
 from orchestrator.errors import OrchestrateError
 from orchestrator.group_control import BROKEN_GROUP_GRACE, GroupControl
+from orchestrator.host_loss import Hosts, HostWaitExpired
 from orchestrator.job_state import JobStateMachine
 from orchestrator.jobs import collect_job
 from orchestrator.launcher import (
@@ -58,10 +59,17 @@ class Supervisor:
         self.layout = job_layout(config, job.id)
         self.attempt = job.attempt
         self.tick = Tick(
-            store, job.id, self.backend, self.layout, sink, config.entrypoint.instrument
+            store,
+            job.id,
+            self.backend,
+            self.layout,
+            sink,
+            config.entrypoint.instrument,
+            config.supervision.host_timeout,
         )
         self.job_state = JobStateMachine(store, job.id)  # the only writer of the job's state
         self.group = GroupControl(store, job.id, config, self.backend, self.tick, sink)
+        self.hosts = Hosts(store, job.id, config, self.group, sink, self.stop_requested)
 
     def install_signal_handlers(self) -> None:
         def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -103,6 +111,7 @@ class Supervisor:
             self._fail_on_error(f"internal error: {type(exc).__name__}: {exc}")
             raise
         finally:
+            self.hosts.close()
             self.sink.close()
             self.tick.close()
             self.backend.close()
@@ -112,10 +121,14 @@ class Supervisor:
         if group is None:
             try:
                 group = self._launch(self.attempt)
+            except HostWaitExpired as exc:
+                return None, failure(FailureKind.HOST_WAIT, str(exc))
             except OrchestrateError as exc:
                 if self.attempt == 0:
                     raise  # the first launch fails fast: fix the hosts, then relaunch
                 return None, failure(FailureKind.LAUNCH, f"relaunch failed: {exc}")
+            if group is None:  # a stop was requested while waiting for a host
+                return None, None
         self.group.live = group
         return group, self._watch(group)
 
@@ -134,7 +147,6 @@ class Supervisor:
             else:
                 group, outcome = self._attempt(group)
                 if outcome is None:
-                    assert group is not None
                     return self._stop_on_request(group)
                 if outcome.verdict == Verdict.SUCCEEDED:
                     assert group is not None
@@ -143,12 +155,21 @@ class Supervisor:
             if group is not None and decision.tasks:
                 decision = self.group.name_shared_dir_trouble(group, decision)
             self.job_state.to(JobState.STOPPING, last_cause=decision.cause)
-            self.store.add_event(self.job.id, "failure", decision.cause, *decision.tasks[:1])
+            regrow = decision.kind == FailureKind.REGROW
+            kind = "regrow" if regrow else "failure"
+            self.store.add_event(self.job.id, kind, decision.cause, *decision.tasks[:1])
             self.sink.info(f"{decision.cause}: stopping every task")
+            watch = self.group.watch
             if group is not None:
                 preempted = decision.exit_code == self.config.restart.preemption_exit_code
-                grace = self.config.supervision.stop_grace if preempted else BROKEN_GROUP_GRACE
-                self.group.stop(group, grace)
+                graceful = preempted or regrow
+                grace = self.config.supervision.stop_grace if graceful else BROKEN_GROUP_GRACE
+                lost = set(decision.hosts) if decision.kind == FailureKind.HOST_LOST else set()
+                self.group.stop(group, grace, lost | set(watch.host_error))
+            if regrow:
+                self.hosts.grow_back(decision)
+            else:
+                self.hosts.record_failure(group, decision, watch)
             restart = plan_restart(
                 decision,
                 self.config.restart,
@@ -174,8 +195,10 @@ class Supervisor:
             self.attempt += 1
             group, pending = None, None
 
-    def _launch(self, attempt: int) -> Group:
-        group = self.group.launch(attempt)
+    def _launch(self, attempt: int) -> Group | None:
+        group = self.hosts.launch(attempt)
+        if group is None:
+            return None
         self.job_state.to(JobState.RUNNING, attempt=attempt)
         self.store.add_event(
             self.job.id, "launched", f"attempt {attempt}: {len(group.agents)} task(s) started"
@@ -197,6 +220,9 @@ class Supervisor:
         self.group.watch = watch
         while not self.stop_requested.is_set():
             observations = self.tick.observe(group, watch)
+            lost = self.hosts.lost(group, watch)
+            if lost is not None:  # before the rules: its tasks' errors follow from it
+                return lost
             elapsed = time.monotonic() - watch.started
             decision = decide(
                 observations,
@@ -207,6 +233,9 @@ class Supervisor:
             )
             if decision.verdict != Verdict.CONTINUE:
                 return decision
+            regrow = self.hosts.regrow(group, watch)
+            if regrow is not None:
+                return regrow
             watch.startup_passed = elapsed > sup.startup_deadline
             self.stop_requested.wait(sup.poll_interval)
         return None
@@ -224,10 +253,15 @@ class Supervisor:
         self._finish(JobState.SUCCEEDED, outcome.cause)
         return JobState.SUCCEEDED
 
-    def _stop_on_request(self, group: Group) -> JobState:
+    def _stop_on_request(self, group: Group | None) -> JobState:
         self.job_state.to(JobState.STOPPING)
         self.sink.info("stop requested: stopping every task")
-        stuck = self.group.stop(group, self.config.supervision.stop_grace + AGENT_STOP_MARGIN)
+        if group is None:  # between attempts (waiting for a host): nothing runs
+            self._finish(JobState.STOPPED, "stopped on request")
+            return JobState.STOPPED
+        lost = set(self.group.watch.host_error)
+        grace = self.config.supervision.stop_grace + AGENT_STOP_MARGIN
+        stuck = self.group.stop(group, grace, lost)
         if stuck:  # not confirmed: the job stays STOPPING, and says what a later stop must do
             hosts = sorted({group.plan.tasks[a.task_index].host_label for a in stuck})
             cause = (

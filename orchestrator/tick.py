@@ -8,6 +8,7 @@ monitor.decide."""
 from __future__ import annotations
 
 import time
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from orchestrator.backends import Backend
@@ -36,6 +37,8 @@ class Watch:
     # The startup deadline is checked once, when it passes: a group that met it then (a task
     # whose steps are not observed meets it at the rendezvous) is not judged by it again.
     startup_passed: bool = False
+    host_ok: dict[int, float] = field(default_factory=dict)  # host -> last read that worked
+    host_error: dict[int, str] = field(default_factory=dict)  # host -> why its last read failed
 
 
 @dataclass
@@ -75,6 +78,7 @@ class Tick:
         layout: JobLayout,
         sink: LineSink,
         instrumented: bool,
+        host_timeout: float = 5.0,
     ) -> None:
         self.store = store
         self.job_id = job_id
@@ -82,6 +86,7 @@ class Tick:
         self.layout = layout
         self.sink = sink
         self.instrumented = instrumented
+        self.host_timeout = host_timeout
         self.tailers: dict[int, LogTailer] = {}
         self.alive_cache: set[int] = set()
         self._alive_checked_at = float("-inf")
@@ -95,13 +100,23 @@ class Tick:
         """The next tick asks every host which agents live, whatever the interval."""
         self._alive_checked_at = float("-inf")
 
-    def observe(self, group: Group, watch: Watch) -> list[TaskObservation]:
+    def observe(
+        self, group: Group, watch: Watch, skip: Collection[int] = ()
+    ) -> list[TaskObservation]:
+        """One round of reads of every host but those in `skip` (lost: not waited on)."""
         # The tick's time is taken before the reads: a slow host must not age the heartbeats
         # of the hosts read at once beside it.
         now_mono, now = time.monotonic(), time.time()
-        by_host = agents_by_host(group.agents)
+        by_host = {h: a for h, a in agents_by_host(group.agents).items() if h not in skip}
         check_alive = self.alive_check_due(group.agents, now_mono)
         reads = self.fanout.each(by_host, lambda h: self.read_host(h, by_host[h], check_alive))
+        for h in reads.succeeded:
+            watch.host_ok[h] = now_mono
+            watch.host_error.pop(h, None)
+        for h in reads.failed:
+            watch.host_error[h] = reads.reason(
+                h, group.plan.tasks[by_host[h][0].task_index].host_label
+            )
         if check_alive:  # an unreachable host is not proof of death: its agents count as alive
             self.alive_cache = set().union(
                 *(reads.succeeded[h].alive or set() for h in reads.succeeded),
@@ -115,6 +130,8 @@ class Tick:
             i = agent.task_index
             task = group.plan.tasks[i]
             read = reads.succeeded.get(agent.host_index)
+            if agent.host_index in skip:
+                continue
             if read is None:
                 # Unreachable this tick (the transport reconnects next time); its heartbeat
                 # age keeps growing, so a host that stays away is caught by the timeout.
@@ -208,13 +225,29 @@ class Tick:
             i = agent.task_index
             files += [(str(self.layout.log_path(i)), self.tailers[i].offset),
                       (str(self.layout.status_path(i)), 0)]  # fmt: skip
-        seen = self.backend.transport(host_index).observe(procs if check_alive else None, files)
+        seen = self.backend.transport(host_index).observe(
+            procs if check_alive else None,
+            files,
+            timeout=self.host_timeout,
+            contact=[a.pid for a in agents],
+        )
         read = HostRead(alive=seen.alive)
         for k, agent in enumerate(agents):
             i = agent.task_index
             read.lines[i] = self.tailers[i].feed(seen.files[2 * k])
             read.status[i] = seen.files[2 * k + 1]
         return read
+
+    def lost_hosts(self, group: Group, watch: Watch) -> list[int]:
+        """Hosts whose reads have failed for host_timeout (counted from the attempt's start for
+        a host never read yet): lost, whatever their tasks last said."""
+        now = time.monotonic()
+        return sorted(
+            h
+            for h in agents_by_host(group.agents)
+            if h in watch.host_error
+            and now - watch.host_ok.get(h, watch.started) >= self.host_timeout
+        )
 
     def alive_check_due(self, agents: list[AgentRef], now: float) -> bool:
         """Liveness at most every backend.alive_check_interval (a remote call per host), and at

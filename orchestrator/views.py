@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.host_pool import HostPool, describe_hosts
 from orchestrator.jobs import supervisor_alive
 from orchestrator.states import TaskState
 from orchestrator.store import JobRecord, TaskRecord
@@ -21,6 +22,7 @@ def _write(text: str = "") -> None:
 
 def job_view(job: JobRecord, tasks: list[TaskRecord], now: float) -> dict[str, Any]:
     alive = None if job.state.is_terminal() else supervisor_alive(job)
+    pool = HostPool.from_json(job.hosts_json)
     return {
         "id": job.id,
         "name": job.name,
@@ -35,6 +37,14 @@ def job_view(job: JobRecord, tasks: list[TaskRecord], now: float) -> dict[str, A
         "wall_seconds": round((job.ended or now) - job.created, 1),
         "job_dir": job.job_dir,
         "supervisor": {"pid": job.supervisor_pid, "host": job.supervisor_host, "alive": alive},
+        "width": len(tasks),
+        "hosts": []
+        if pool is None
+        else [
+            {"name": h.label, "role": h.role.value, "since": h.since or None, "until": h.until}
+            for h in pool.hosts
+        ],
+        "host_notes": [] if pool is None else describe_hosts(pool, now),
         "tasks": [
             {
                 "index": t.idx,
@@ -157,6 +167,8 @@ def render_status(views: list[dict[str, Any]], detailed: bool) -> None:
         ]
         _write()
         _write(table(headers, rows))
+        for note in v["host_notes"]:
+            _write(f"  {note}")
 
 
 def render_report(data: dict[str, Any]) -> None:

@@ -95,8 +95,12 @@ def test_a_store_of_the_previous_schema_is_upgraded_in_place(tmp_path: Path) -> 
     agent_ident TEXT NOT NULL DEFAULT '',
 """,
         "",
-    ).replace(",\n    supervisor_ident TEXT NOT NULL DEFAULT ''", "")
+    ).replace(
+        ",\n    supervisor_ident TEXT NOT NULL DEFAULT '',\n    hosts_json TEXT NOT NULL DEFAULT ''",
+        "",
+    )
     assert "phase" not in old_schema and "_ident" not in old_schema
+    assert "hosts_json" not in old_schema
     with sqlite3.connect(db) as raw:
         raw.executescript(old_schema)
         raw.execute("PRAGMA user_version = 1")
@@ -116,4 +120,6 @@ def test_a_store_of_the_previous_schema_is_upgraded_in_place(tmp_path: Path) -> 
     store.update_tasks("old-1", {0: {"agent_ident": "boot:123"}})  # schema 3's columns too
     store.update_job("old-1", supervisor_ident="boot:456")
     assert store.get_job("old-1").supervisor_ident == "boot:456"
+    store.update_job("old-1", hosts_json="[]")  # and schema 4's
+    assert store.get_job("old-1").hosts_json == "[]"
     assert Store(db).get_job("old").state == JobState.SUCCEEDED  # opens again, no migration

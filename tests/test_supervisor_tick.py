@@ -17,6 +17,7 @@ from orchestrator.errors import TransportError
 from orchestrator.jobs import register_job
 from orchestrator.launcher import AgentRef
 from orchestrator.logstream import LineSink
+from orchestrator.observations import FailureKind
 from orchestrator.plan import LaunchPlan, TaskPlan
 from orchestrator.states import TaskState
 from orchestrator.store import Store
@@ -41,9 +42,14 @@ class MemoryHost:
         self.hang = 0.0  # seconds the down host takes to fail
 
     def observe(
-        self, procs: Sequence[ProcessRef] | None, files: Sequence[tuple[str, int]]
+        self,
+        procs: Sequence[ProcessRef] | None,
+        files: Sequence[tuple[str, int]],
+        timeout: float | None = None,
+        contact: Sequence[int] = (),
     ) -> Observation:
         self.calls += 1
+        self.contact = list(contact)
         self.barrier.wait(timeout=10)  # BrokenBarrierError (a test failure) if read one by one
         if self.index == DOWN:
             time.sleep(self.hang)
@@ -154,3 +160,26 @@ def test_a_slow_host_does_not_age_the_heartbeats_of_the_hosts_read_beside_it(
         if o.index != DOWN:
             assert o.state == TaskState.RUNNING
             assert o.heartbeat_age < 1.0, o  # not the 2 s the down host took
+
+
+def test_a_host_whose_reads_fail_for_host_timeout_is_lost_and_only_that_host(
+    supervisor: Supervisor,
+) -> None:
+    group = one_task_per_host(supervisor)
+    supervisor.tick.host_timeout = 0.5
+    watch = Watch(started=time.monotonic())
+    try:
+        supervisor.tick.observe(group, watch)
+        assert supervisor.tick.lost_hosts(group, watch) == []  # one failed read is not a loss
+        assert supervisor.hosts.lost(group, watch) is None
+        time.sleep(0.6)
+        supervisor.tick.observe(group, watch)
+        assert supervisor.tick.lost_hosts(group, watch) == [DOWN]
+        decision = supervisor.hosts.lost(group, watch)
+    finally:
+        supervisor.tick.close()
+    assert decision is not None and decision.kind == FailureKind.HOST_LOST
+    assert decision.hosts == (DOWN,) and decision.tasks == (DOWN,)
+    assert "unreachable for" in decision.cause and "connection reset" in decision.cause
+    hosts = supervisor.backend.hosts  # type: ignore[attr-defined]
+    assert hosts[0].contact == [1000]  # every read tells the host's agents they are reached

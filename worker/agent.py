@@ -24,6 +24,7 @@ from pathlib import Path
 from types import FrameType
 from typing import BinaryIO
 
+from worker.contact import cut_off, forget, peer_endpoints
 from worker.spec import (
     ENV_ATTEMPT,
     ENV_JOB_DIR,
@@ -123,6 +124,7 @@ class Agent:
         self._stop_deadline: float | None = None
         self._trainer: subprocess.Popen[bytes] | None = None
         self._write_failing = False
+        self._peers = peer_endpoints(spec.tf_config, spec.task_type, spec.task_index)
 
     def run(self) -> int:
         spec = self.spec
@@ -163,6 +165,7 @@ class Agent:
         deadline = time.monotonic() + FINAL_STATUS_PATIENCE
         while not self._write_status(state, exit_code=code) and time.monotonic() < deadline:
             time.sleep(min(1.0, self.spec.heartbeat_interval))
+        forget(os.getpid())
         return code
 
     def _final_state(self, code: int) -> AgentState:
@@ -183,6 +186,14 @@ class Agent:
                 return exit_code_of(trainer.wait())
             if self._stop_deadline is not None and time.monotonic() >= self._stop_deadline:
                 trainer.kill()
+            if not self._stop_requested.is_set() and cut_off(
+                os.getpid(), self._peers, self.spec.orphan_timeout
+            ):  # partitioned: training on alone would only diverge from the restarted group
+                _say(
+                    "[orchestrate] the coordinator has not reached this host for "
+                    f"{self.spec.orphan_timeout:g}s and no peer answers: stopping the trainer"
+                )
+                self._on_stop_signal(signal.SIGTERM, None)
 
     def _on_stop_signal(self, signum: int, frame: FrameType | None) -> None:
         if not self._stop_requested.is_set():

@@ -19,7 +19,7 @@ import sys
 import threading
 from typing import Any
 
-from worker import probe, proctl
+from worker import contact, probe, proctl
 from worker.atomic import makedirs_private, write_bytes_atomic
 
 
@@ -81,6 +81,7 @@ def handle(op: str, args: dict[str, Any]) -> Any:
     if op == "alive":
         return sorted(proctl.alive(args["pids"], args.get("idents")))
     if op == "observe":
+        contact.touch(args.get("contact", []))
         alive, data = observe(args.get("pids"), [(p, int(o)) for p, o in args["files"]],
                               int(args.get("limit", READ_LIMIT)), args.get("idents"))  # fmt: skip
         return {

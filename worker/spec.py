@@ -13,12 +13,12 @@ from worker.atomic import write_bytes_atomic, write_json_atomic
 
 __all__ = ["write_bytes_atomic", "write_json_atomic"]  # re-exported: part of the contract
 
-SPEC_VERSION = 2
+SPEC_VERSION = 3
 # The host helper's request set and the spec it starts agents with. The coordinator refuses a
 # host whose worker package answers with another (an older orchestrate installed there): bump
 # it when a helper operation or the spec changes. 3: the spec gained `instrument`. 4: processes
 # are named by pid and identity (start returns both; alive, observe and stop check it), stop_job.
-HOST_PROTOCOL = 4
+HOST_PROTOCOL = 5
 _D = TypeVar("_D")
 
 # Environment a trainer sees, besides TF_CONFIG and the user's env.
@@ -103,6 +103,9 @@ class WorkerSpec:
     preemption_exit_code: int = 42
     # Start the entrypoint through worker.bootstrap (progress, phases, preemption for any script).
     instrument: bool = True
+    # Stop the trainer when the coordinator has not reached this host for this long and no
+    # peer answers either (worker.contact); 0: never.
+    orphan_timeout: float = 0.0
     version: int = SPEC_VERSION
 
     @property

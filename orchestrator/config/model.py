@@ -80,6 +80,8 @@ class SshHost(_Model):
     slots: Annotated[int, Field(ge=1, le=64)] = 1
     # Commands (argv lists) run once on this host before its agents start.
     setup: list[list[str]] = []
+    # A standby host: no task runs here until it replaces a lost or failing host.
+    spare: bool = False
 
     @property
     def label(self) -> str:
@@ -126,6 +128,12 @@ class SupervisionSection(_Model):
     progress_timeout: Annotated[Seconds, Field(ge=0)] = 600.0
     # What a missed startup deadline does: fail the job, or restart the group (per policy).
     on_startup_timeout: Literal["fail", "restart"] = "fail"
+    # A host whose reads fail (or whose connection cannot be reopened) this long is lost: the
+    # group stops at once, without waiting on it.
+    host_timeout: Annotated[float, Field(gt=0, le=600)] = 5.0
+    # A relaunch that cannot reach a host waits this long for it (re-probing with backoff)
+    # before it replaces it with a spare, goes on without it (min_workers), or fails.
+    host_wait: Annotated[Seconds, Field(ge=0)] = 600.0
 
 
 class RestartSection(_Model):
@@ -142,6 +150,13 @@ class RestartSection(_Model):
     # A task preempted (SIGTERM) checkpoints and exits with this code; the restart that follows
     # does not count against max_restarts. 42 is TensorFlow's PreemptionCheckpointHandler's.
     preemption_exit_code: Annotated[int, Field(ge=1, le=255)] = 42
+    # Elastic width: go on with at least this many workers when hosts stay lost beyond
+    # supervision.host_wait and no spare is left (unset: every planned worker is required).
+    min_workers: Annotated[int, Field(ge=1, le=4096)] | None = None
+    # After shrinking, grow back to full width at the next epoch boundary once a host is back.
+    regrow: bool = False
+    # A host replaced by a spare rests this long before it may serve as a spare itself.
+    quarantine: Annotated[Seconds, Field(ge=0)] = 300.0
 
 
 class StrategySection(_Model):

@@ -51,18 +51,36 @@ def check_semantics(config: ClusterConfig, source: str) -> None:
             f"{source}: ports.base: {base} + {per_host} task(s) on a host needs ports up to "
             f"{base + per_host - 1} (> {MAX_PORT})"
         )
-    if config.strategy.kind != "multi_worker_mirrored":
-        tasks = (
-            backend.workers
-            if isinstance(backend, LocalBackend)
-            else sum(h.slots for h in backend.hosts)
+    tasks = (
+        backend.workers
+        if isinstance(backend, LocalBackend)
+        else sum(h.slots for h in backend.hosts if not h.spare)
+    )
+    if isinstance(backend, SshBackend) and tasks == 0:
+        raise ConfigError(
+            f"{source}: backend.hosts: every host is a spare: at least one must not be"
         )
-        if tasks != 1:
-            raise ConfigError(
-                f"{source}: strategy.kind: {config.strategy.kind} runs as a single task, "
-                f"but the backend plans {tasks}: use one worker (or multi_worker_mirrored)"
-            )
+    _check_elastic(config, tasks, source)
+    if config.strategy.kind != "multi_worker_mirrored" and tasks != 1:
+        raise ConfigError(
+            f"{source}: strategy.kind: {config.strategy.kind} runs as a single task, "
+            f"but the backend plans {tasks}: use one worker (or multi_worker_mirrored)"
+        )
     _check_exec_size(config.entrypoint, source)
+
+
+def _check_elastic(config: ClusterConfig, tasks: int, source: str) -> None:
+    restart = config.restart
+    if restart.min_workers is not None and restart.min_workers > tasks:
+        raise ConfigError(
+            f"{source}: restart.min_workers: {restart.min_workers} is more than the "
+            f"{tasks} worker(s) planned"
+        )
+    if restart.regrow and restart.min_workers is None:
+        raise ConfigError(
+            f"{source}: restart.regrow: needs restart.min_workers (without it the job never "
+            "shrinks, so there is nothing to grow back)"
+        )
 
 
 def _check_hosts(backend: SshBackend, base_port: int, source: str) -> None:

@@ -104,10 +104,16 @@ class Transport(Protocol):
         ...
 
     def observe(
-        self, procs: Sequence[ProcessRef] | None, files: Sequence[tuple[str, int]]
+        self,
+        procs: Sequence[ProcessRef] | None,
+        files: Sequence[tuple[str, int]],
+        timeout: float | None = None,
+        contact: Sequence[int] = (),
     ) -> Observation:
         """In one round trip: alive_pids(procs) (unless None), then read_file(path, offset) for
-        each file (at most worker.hostd.READ_LIMIT bytes of each)."""
+        each file (at most worker.hostd.READ_LIMIT bytes of each). One try within `timeout`
+        (the caller's next tick is the retry). `contact`: agent pids told that their
+        coordinator still reaches them (worker.contact)."""
         ...
 
     def stop_process_group(self, leader: ProcessRef, grace: float) -> bool:

@@ -120,8 +120,13 @@ class LocalTransport:
         return proctl.alive([p.pid for p in procs], [p.ident for p in procs])
 
     def observe(
-        self, procs: Sequence[ProcessRef] | None, files: Sequence[tuple[str, int]]
+        self,
+        procs: Sequence[ProcessRef] | None,
+        files: Sequence[tuple[str, int]],
+        timeout: float | None = None,
+        contact: Sequence[int] = (),
     ) -> Observation:
+        # One machine: no partition to guard against, so no contact to record.
         if procs is None:
             alive, data = hostd.observe(None, list(files))
         else:

@@ -292,13 +292,26 @@ class SshTransport:
         return self._retrying(op, lambda: self._helper_call(op, args, limit))
 
     def observe(
-        self, procs: Sequence[ProcessRef] | None, files: Sequence[tuple[str, int]]
+        self,
+        procs: Sequence[ProcessRef] | None,
+        files: Sequence[tuple[str, int]],
+        timeout: float | None = None,
+        contact: Sequence[int] = (),
     ) -> Observation:
         # One helper request instead of SFTP open/read/close per file: one round trip a tick.
-        args: dict[str, Any] = {"pids": None, "files": [list(f) for f in files]}
+        args: dict[str, Any] = {
+            "pids": None,
+            "files": [list(f) for f in files],
+            "contact": list(contact),
+        }
         if procs is not None:
             args.update(pids=[p.pid for p in procs], idents=[p.ident for p in procs])
-        reply = self.worker_call("observe", args, self.backend.connect_timeout)
+        limit = timeout or self.backend.connect_timeout
+        try:  # one try: a lost host must be seen within host_timeout, not after retries
+            reply = self._helper_call("observe", args, limit)
+        except NETWORK_ERRORS as exc:
+            self.close()
+            raise TransportError(f"{self.host_label}: observe failed: {exc}") from None
         alive = reply["alive"]
         return Observation(
             None if alive is None else set(alive),
