@@ -190,8 +190,7 @@ class Supervisor:
             self.store.add_event(self.job.id, "restart", message)
             self.sink.info(message)
             if self.stop_requested.wait(restart.delay):
-                self._finish(JobState.STOPPED, "stopped on request")
-                return JobState.STOPPED
+                return self._stop_on_request(None)
             self.attempt += 1
             group, pending = None, None
 
@@ -256,14 +255,12 @@ class Supervisor:
     def _stop_on_request(self, group: Group | None) -> JobState:
         self.job_state.to(JobState.STOPPING)
         self.sink.info("stop requested: stopping every task")
-        if group is None:  # between attempts (waiting for a host): nothing runs
-            self._finish(JobState.STOPPED, "stopped on request")
-            return JobState.STOPPED
-        lost = set(self.group.watch.host_error)
-        grace = self.config.supervision.stop_grace + AGENT_STOP_MARGIN
-        stuck = self.group.stop(group, grace, lost)
+        if group is not None:  # else between attempts: only what earlier stops left
+            lost = set(self.group.watch.host_error)
+            self.group.stop(group, self.config.supervision.stop_grace + AGENT_STOP_MARGIN, lost)
+        stuck = self.group.leftovers
         if stuck:  # not confirmed: the job stays STOPPING, and says what a later stop must do
-            hosts = sorted({group.plan.tasks[a.task_index].host_label for a in stuck})
+            hosts = sorted({self.hosts.labels[a.host_index] for a in stuck})
             cause = (
                 f"stop not confirmed: {', '.join(hosts)} unreachable; "
                 f"run `orchestrate stop {self.job.id}` again once it is back"
