@@ -187,6 +187,33 @@ def tensorboard(
     os.execv(sys.executable, argv)
 
 
+@app.command()
+def resume(
+    job_ref: JobArg,
+    detach: Annotated[
+        bool, typer.Option("--detach", "-d", help="Return once running; supervise in background.")
+    ] = False,
+    verbose: Annotated[
+        bool, typer.Option("--verbose", "-v", help="Show TensorFlow's C++ notices too.")
+    ] = False,
+) -> None:
+    """Continue a failed or stopped job: same id, next attempt, same checkpoints, a fresh
+    restart budget."""
+    from orchestrator.jobs import reopen_for_resume
+
+    store = Store()
+    job = store.get_job(job_ref)
+    cfg = launch_config(job)  # refuses a cluster.toml changed since the launch
+    job = reopen_for_resume(store, job)
+    if detach:
+        from orchestrator.jobs import start_detached_supervisor
+
+        current, pid = start_detached_supervisor(store, job)
+        _echo(f"job {job.id} {current.state.value} (supervisor pid {pid})")
+        return
+    _supervise(store, job, lambda: cfg, verbose)
+
+
 @app.command(hidden=True)
 def supervise(job_ref: JobArg) -> None:
     """Supervise a registered job (the background half of `launch --detach`)."""

@@ -35,6 +35,9 @@ def check_transition(current: JobState, new: JobState) -> None:
         raise IllegalTransition(f"job state {current.value} cannot become {new.value}")
 
 
+RESUMABLE = frozenset({JobState.FAILED, JobState.STOPPED})
+
+
 class JobStateMachine:
     """A job's state as its supervisor moves it; every change is checked, then stored."""
 
@@ -47,3 +50,11 @@ class JobStateMachine:
         check_transition(self.state, new)
         self.store.update_job(self.job_id, state=new, **fields)
         self.state = new
+
+    def reopen(self, **fields: Any) -> None:
+        """`resume`: the one way out of an ending, for a failed or stopped job only: PENDING
+        again, for a supervisor to launch its next attempt."""
+        if self.state not in RESUMABLE:
+            raise IllegalTransition(f"job state {self.state.value} cannot be resumed")
+        self.store.update_job(self.job_id, state=JobState.PENDING, ended=None, **fields)
+        self.state = JobState.PENDING

@@ -219,3 +219,32 @@ def check_destination(target: Path) -> None:
         probe.unlink()
     except OSError as exc:
         raise UsageError(f"--dest {target}: cannot write in {existing}: {exc.strerror}") from None
+
+
+def reopen_for_resume(store: Store, job: JobRecord) -> JobRecord:
+    """Make a failed or stopped job PENDING again for its next attempt (same id, same shared
+    directory, so its checkpoints), with a fresh restart budget. Refused, in one line, for a
+    job still running, one that succeeded, or one whose stop was never confirmed."""
+    from orchestrator.errors import UsageError
+    from orchestrator.job_state import RESUMABLE, JobStateMachine
+
+    if not job.state.is_terminal():
+        raise UsageError(f"job {job.id} is {job.state.value}: only a failed or stopped job resumes")
+    if job.state not in RESUMABLE:
+        raise UsageError(f"job {job.id} already {job.state.value}: nothing to resume")
+    if any(not t.state.is_terminal() for t in store.tasks(job.id)):
+        raise UsageError(
+            f"job {job.id}: its stop was never confirmed: run `orchestrate stop {job.id}` first"
+        )
+    JobStateMachine(store, job.id).reopen(
+        attempt=job.attempt + 1,
+        budget_base=job.restarts - job.preemptions,
+        last_cause="",
+        supervisor_pid=None,
+        supervisor_ident="",
+        hosts_json="",  # every host of cluster.toml again, spares as spares
+    )
+    store.add_event(
+        job.id, "resumed", f"resumed after {job.state.value}: attempt {job.attempt + 1}"
+    )
+    return store.get_job(job.id)

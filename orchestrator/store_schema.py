@@ -32,7 +32,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     supervisor_pid INTEGER,
     supervisor_host TEXT NOT NULL DEFAULT '',
     supervisor_ident TEXT NOT NULL DEFAULT '',
-    hosts_json TEXT NOT NULL DEFAULT ''
+    hosts_json TEXT NOT NULL DEFAULT '',
+    budget_base INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS tasks (
     job_id TEXT NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,
@@ -85,7 +86,10 @@ CREATE INDEX IF NOT EXISTS samples_by_job ON samples(job_id, task, ts);
 
 # From each older schema to the next: a store keeps its jobs across upgrades.
 MIGRATIONS = {
-    3: ["ALTER TABLE jobs ADD COLUMN hosts_json TEXT NOT NULL DEFAULT ''"],
+    3: [
+        "ALTER TABLE jobs ADD COLUMN hosts_json TEXT NOT NULL DEFAULT ''",
+        "ALTER TABLE jobs ADD COLUMN budget_base INTEGER NOT NULL DEFAULT 0",
+    ],
     2: [
         "ALTER TABLE jobs ADD COLUMN supervisor_ident TEXT NOT NULL DEFAULT ''",
         "ALTER TABLE tasks ADD COLUMN agent_ident TEXT NOT NULL DEFAULT ''",

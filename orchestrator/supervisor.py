@@ -173,7 +173,7 @@ class Supervisor:
             restart = plan_restart(
                 decision,
                 self.config.restart,
-                restarts - preemptions,
+                restarts - preemptions - job.budget_base,
                 self.config.supervision.on_startup_timeout == "restart",
             )
             if not restart.restart:

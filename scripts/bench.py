@@ -20,6 +20,8 @@ root for the namespaced test bed; without it they are reported as skipped, with 
 | P8 | `launch --dry-run` of a 1,000-host cluster.toml | - |
 | P9 | plain `fit` script: steady throughput via the bootstrap | the same, `instrument = false` |
 | P9b | the same cost in one process: fit calls alternating | fit without our callbacks |
+| P10 | a host's link down -> group stopping, 3 SSH hosts | TensorFlow's own: a survivor exits |
+| P11 | a host's link down -> training resumed on a spare | the same TensorFlow failure time |
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 
+from bench_hostloss import host_loss_rows  # noqa: E402
+from bench_hostloss import rows as host_loss_row_defs  # noqa: E402
 from bench_infra import agent_rss, dry_run_1000, ssh_rows, status_with_store, trainer_rss  # noqa: E402
 from bench_measure import (  # noqa: E402
     callback_ab,
@@ -133,6 +137,7 @@ def run_suite(quick: bool) -> list[Row]:
             target=">= 0.98x (cost <= 2 %)",
         ),
     }
+    rows["P10"], rows["P11"] = host_loss_row_defs()
     with tempfile.TemporaryDirectory(prefix="orch-bench-") as tmp:
         root = Path(tmp)
         (root / "shared").mkdir()
@@ -181,6 +186,8 @@ def run_suite(quick: bool) -> list[Row]:
             rows[key].baseline = [trainer]
         print("P1/P7 SSH test bed ...", flush=True)
         ssh_rows(root, hosts, repeat if quick else 5, rows["P1"], rows["P7b"])
+        print("P10/P11 losing a host on the SSH test bed ...", flush=True)
+        host_loss_rows(root, 1 if quick else 2, rows["P10"], rows["P11"])
     return list(rows.values())
 
 

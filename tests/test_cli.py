@@ -256,3 +256,32 @@ def test_shell_completion_lists_the_commands(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-c", "from orchestrator.cli import app; app(prog_name='orchestrate')"],
                          capture_output=True, text=True, env=env, cwd=REPO)  # fmt: skip
     assert {"status", "stop"} <= set(out.stdout.split()), out.stdout + out.stderr
+
+
+def test_resume_continues_a_failed_job_with_its_id_its_next_attempt_and_a_fresh_budget(
+    tmp_path: Path, cli: Callable[..., CliResult], reap_pids: list[int]
+) -> None:
+    path = tmp_path / "c.toml"
+    args = ["--mode", "ok", "--task-0", "fail-first:3"]  # the chief fails on attempt 0
+    path.write_text(fake_job(tmp_path, args, extra="[restart]\nmax_restarts = 0\n"))
+    first = cli("launch", str(path), timeout=60)
+    assert first.code == 1, first
+    [failed] = status_json(cli)["jobs"]
+    reap_pids.extend(_job_pids(failed, tmp_path / "shared"))
+    assert failed["state"] == "failed" and "max_restarts (0)" not in failed["last_cause"]
+
+    resumed = cli("resume", failed["id"], timeout=60)
+
+    assert resumed.code == 0, resumed
+    [job] = status_json(cli)["jobs"]  # the same job, not a new one
+    reap_pids.extend(_job_pids(job, tmp_path / "shared"))
+    assert job["id"] == failed["id"] and job["state"] == "succeeded"
+    assert job["attempt"] == 1 and {t["attempt"] for t in job["tasks"]} == {1}
+    assert job["ended"] is not None and job["ended"] > failed["ended"]
+    kinds = [e["kind"] for e in status_json(cli, job["id"])["jobs"][0]["events"]]
+    assert kinds.index("resumed") > kinds.index("failed") and kinds[-1] == "succeeded"
+
+    again = cli("resume", job["id"])
+    assert again.code == 2 and again.err.strip() == (
+        f"error: job {job['id']} already succeeded: nothing to resume"
+    )

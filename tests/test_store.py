@@ -96,7 +96,7 @@ def test_a_store_of_the_previous_schema_is_upgraded_in_place(tmp_path: Path) -> 
 """,
         "",
     ).replace(
-        ",\n    supervisor_ident TEXT NOT NULL DEFAULT '',\n    hosts_json TEXT NOT NULL DEFAULT ''",
+        ",\n    supervisor_ident TEXT NOT NULL DEFAULT '',\n    hosts_json TEXT NOT NULL DEFAULT '',\n    budget_base INTEGER NOT NULL DEFAULT 0",
         "",
     )
     assert "phase" not in old_schema and "_ident" not in old_schema

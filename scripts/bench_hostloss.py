@@ -1,0 +1,223 @@
+#!/usr/bin/env python3
+"""P10/P11: losing a host, on the namespaced SSH test bed (3 hosts, real TensorFlow, the plain
+`fit` script of P9, which imports nothing of orchestrate). Needs root (network namespaces).
+
+P10: link down -> orchestrate's group stopping (the job's failure event), against TensorFlow's
+     own failure time in the same run: the same script started by hand with TF_CONFIG on the
+     three hosts, link down -> the first surviving worker exits.
+P11: link down -> training resumed on a spare (two hosts train, the third is a spare), against
+     the same TensorFlow baseline.
+
+    sudo uv run python scripts/bench_hostloss.py [--repeat N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "scripts"))
+
+import testbed as tb  # noqa: E402
+from bench_rows import Row  # noqa: E402
+
+PY = sys.executable
+PLAIN = REPO / "scripts" / "bench_plain_trainer.py"
+EPOCHS = 400  # far more than a measurement lasts: every run is ended on purpose
+RAW_PORT = 23456
+RAW_CAP = 120.0  # seconds: a survivor still hung then is reported at the cap
+
+
+def wait(predicate: Callable[[], object], timeout: float, interval: float = 0.1) -> object:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise TimeoutError(f"not within {timeout}s")
+
+
+def link(host: tb.TestHost, state: str) -> None:
+    subprocess.run(["ip", "link", "set", host.veth, state], check=True)
+
+
+def epochs_done(log: Path) -> int:
+    try:
+        return log.read_text(errors="replace").count("BENCH epoch")
+    except OSError:
+        return 0
+
+
+def raw_link_down(bed: tb.Testbed, root: Path) -> float:
+    """TensorFlow's own reaction: three workers started by hand in the hosts' namespaces; h2's
+    link goes down at epoch 2; seconds until a surviving worker exits."""
+    hosts = bed.hosts[:3]
+    cluster = {"worker": [f"{h.address}:{RAW_PORT}" for h in hosts]}
+    run_dir = Path(tempfile.mkdtemp(dir=root, prefix="raw-loss-"))
+    logs = [run_dir / f"w{i}.log" for i in range(3)]
+    procs = []
+    for i, host in enumerate(hosts):
+        env = {
+            **os.environ,
+            "TF_USE_LEGACY_KERAS": "1",
+            "TF_CPP_MIN_LOG_LEVEL": "2",
+            "TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}}),
+        }
+        argv = ["ip", "netns", "exec", host.namespace, PY, str(PLAIN), "--epochs", str(EPOCHS),
+                "--backup-dir", str(run_dir / "backup")]  # fmt: skip
+        with open(logs[i], "wb") as log:
+            procs.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env))
+    try:
+        wait(lambda: all(epochs_done(log) >= 2 for log in logs), 180)
+        link(hosts[2], "down")
+        cut = time.time()
+        try:
+            wait(lambda: procs[0].poll() is not None or procs[1].poll() is not None, RAW_CAP, 0.05)
+            return time.time() - cut
+        except TimeoutError:
+            return RAW_CAP
+    finally:
+        link(hosts[2], "up")
+        for p in procs:  # `ip netns exec` execs the trainer: the pid is the trainer's
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+
+
+def job_toml(bed: tb.Testbed, root: Path, name: str, spare: str | None) -> Path:
+    text = Path(bed.cluster_toml).read_text()
+    shared = root / f"shared-{name}"
+    shared.mkdir()
+    text = text.replace(f'shared_dir = "{bed.root}/shared"', f'shared_dir = "{shared}"')
+    text = text.replace('name = "testbed"', f'name = "{name}"')
+    text = text.replace('module = "worker.examples.digits"', f'script = "{PLAIN}"')
+    text = text.replace(
+        'args = ["--epochs", "4"]',
+        f'args = ["--epochs", "{EPOCHS}", "--backup-dir", "{shared}/backup"]',
+    )
+    text = text.replace("connect_timeout = 5.0", "connect_timeout = 2.0")
+    text = text.replace("[backend]", "[restart]\nbackoff = 0.2\n\n[backend]")
+    if spare is not None:
+        text = text.replace(f'name = "{spare}"', f'name = "{spare}"\nspare = true')
+    path = root / f"{name}.toml"
+    path.write_text(text)
+    return path
+
+
+def orchestrate(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "ORCHESTRATE_HOME": str(home)}
+    return subprocess.run([PY, "-m", "orchestrator", *args], capture_output=True, text=True,
+                          env=env, cwd=REPO, timeout=300, check=False)  # fmt: skip
+
+
+def job_json(home: Path, job: str) -> dict:
+    out = orchestrate(home, "status", job, "--json")
+    return json.loads(out.stdout)["jobs"][0]
+
+
+def orchestrated_link_down(bed: tb.Testbed, root: Path, home: Path, spare: bool) -> float:
+    """Launch (detached) on the test bed, cut a training host's link at epoch 2. Without a spare:
+    seconds to the job's failure event (the group stopping); with h2 as a spare and h1 cut:
+    seconds to the first training step on the spare."""
+    name = f"loss-{'spare' if spare else 'stop'}-{int(time.time() * 1000) % 100000}"
+    path = job_toml(bed, root, name, "h2" if spare else None)
+    out = orchestrate(home, "launch", "--detach", str(path))
+    assert out.returncode == 0, out.stdout + out.stderr
+    job_id = out.stdout.split()[1]
+    victim = bed.hosts[1 if spare else 2]
+    try:
+        wait(lambda: all(t["epoch"] >= 2 for t in job_json(home, job_id)["tasks"]), 240, 0.3)
+        link(victim, "down")
+        cut = time.time()
+        if not spare:
+
+            def stopping() -> list[float]:
+                events = job_json(home, job_id)["events"]
+                return [e["ts"] for e in events if e["kind"] == "failure"]
+
+            failure = wait(stopping, 120, 0.2)
+            return failure[0] - cut  # type: ignore[index]
+
+        def resumed() -> float | None:
+            job = job_json(home, job_id)
+            on_spare = [t for t in job["tasks"] if t["host"] == "h2" and t["first_step_at"]]
+            return on_spare[0]["first_step_at"] if on_spare else None
+
+        return float(wait(resumed, 240, 0.2)) - cut  # type: ignore[arg-type]
+    finally:
+        link(victim, "up")
+        orchestrate(home, "stop", job_id)
+        orchestrate(home, "stop", job_id)  # a second one confirms what the first could not
+
+
+def host_loss_rows(root: Path, repeat: int, p10: Row, p11: Row) -> None:
+    reason = tb.missing_requirements()
+    if reason:
+        p10.skipped = p11.skipped = f"no SSH test bed: {reason}"
+        return
+    bed = tb.up(3, root / "bed-loss")
+    home = root / "home-loss"
+    try:
+        for _ in range(repeat):
+            p10.baseline.append(raw_link_down(bed, root))
+            p10.values.append(orchestrated_link_down(bed, root, home, spare=False))
+            p11.values.append(orchestrated_link_down(bed, root, home, spare=True))
+        p11.baseline = list(p10.baseline)
+        p10.note = "3 SSH hosts, plain fit script; rounds (ours/TF): " + ", ".join(
+            f"{a:.1f}/{b:.1f}" for a, b in zip(p10.values, p10.baseline, strict=True)
+        )
+        p11.note = "2 hosts + 1 spare; rounds: " + ", ".join(f"{v:.1f}" for v in p11.values)
+    finally:
+        tb.down(root / "bed-loss")
+
+
+def rows() -> tuple[Row, Row]:
+    p10 = Row(
+        "P10",
+        "host link down -> group stopping",
+        "s",
+        target_value=5.0,
+        baseline_label="TensorFlow's own: a survivor exits",
+        target="<= 5 s",
+    )
+    p11 = Row(
+        "P11",
+        "host link down -> training resumed on a spare",
+        "s",
+        baseline_label="TensorFlow's own: a survivor exits",
+        target="before TensorFlow itself fails",
+    )
+    return p10, p11
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeat", type=int, default=2)
+    args = parser.parse_args()
+    p10, p11 = rows()
+    with tempfile.TemporaryDirectory(prefix="orch-bench-loss-") as tmp:
+        host_loss_rows(Path(tmp), args.repeat, p10, p11)
+    for row in (p10, p11):
+        if row.skipped:
+            print(f"{row.id} skipped: {row.skipped}")
+            continue
+        base = statistics.median(row.baseline)
+        print(
+            f"{row.id} {row.measurement}: {row.value:.2f} s (TensorFlow's own failure "
+            f"{base:.2f} s, ratio {row.value / base:.2f}x); {row.note}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
