@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -101,9 +102,10 @@ def job_toml(bed: tb.Testbed, root: Path, name: str, spare: str | None) -> Path:
     text = text.replace(f'shared_dir = "{bed.root}/shared"', f'shared_dir = "{shared}"')
     text = text.replace('name = "testbed"', f'name = "{name}"')
     text = text.replace('module = "worker.examples.digits"', f'script = "{PLAIN}"')
-    text = text.replace(
-        'args = ["--epochs", "4"]',
+    text = re.sub(
+        r"(?m)^args = .*$",
         f'args = ["--epochs", "{EPOCHS}", "--backup-dir", "{shared}/backup"]',
+        text,
     )
     text = text.replace("connect_timeout = 5.0", "connect_timeout = 2.0")
     text = text.replace("[backend]", "[restart]\nbackoff = 0.2\n\n[backend]")
