@@ -208,7 +208,13 @@ class GroupControl:
     def name_shared_dir_trouble(self, group: Group, decision: Decision) -> Decision:
         """A failed or silent task whose host's shared directory is full or unwritable: say so
         in the cause (the trainer's own error, or a missing heartbeat, does not)."""
-        hosts = [group.plan.tasks[i].host_index for i in decision.tasks]
+        hosts = [
+            group.plan.tasks[i].host_index
+            for i in decision.tasks
+            if group.plan.tasks[i].host_index not in self.watch.host_error  # not answering now
+        ]
+        if not hosts:
+            return decision
         try:
             trouble = shared_dir_trouble(self.config, self.backend, hosts)
         except OrchestrateError:

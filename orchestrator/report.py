@@ -5,6 +5,7 @@ and a chart of loss and steps/s per task over time. Written at the end of every 
 from __future__ import annotations
 
 import json
+import re
 import statistics
 from pathlib import Path
 from typing import Any
@@ -37,10 +38,28 @@ def build_report(
         "restarts": job.restarts,
         "preemptions": job.preemptions,
         "restart_causes": [e.message for e in events if e.kind == "restart"],
+        "width": width_over_time(job, events),
         "last_cause": job.last_cause,
         "tasks": per_task,
         "metrics": metrics,
     }
+
+
+def width_over_time(job: JobRecord, events: list[EventRecord]) -> list[dict[str, Any]]:
+    """How many workers each attempt started with, and when (seconds since launch): the width
+    changes when a group shrinks (min_workers) or grows back (regrow)."""
+    widths = []
+    for event in events:
+        started = re.match(r"attempt (\d+): (\d+) task\(s\) started", event.message)
+        if event.kind == "launched" and started:
+            widths.append(
+                {
+                    "seconds": round(event.ts - job.created, 1),
+                    "attempt": int(started.group(1)),
+                    "workers": int(started.group(2)),
+                }
+            )
+    return widths
 
 
 def draw_chart(

@@ -152,7 +152,7 @@ class Supervisor:
                     assert group is not None
                     return self._succeed(group, outcome)
                 decision = outcome
-            if group is not None and decision.tasks:
+            if group is not None and decision.tasks and decision.kind != FailureKind.HOST_LOST:
                 decision = self.group.name_shared_dir_trouble(group, decision)
             self.job_state.to(JobState.STOPPING, last_cause=decision.cause)
             regrow = decision.kind == FailureKind.REGROW

@@ -22,6 +22,9 @@ from orchestrator.states import TaskState
 from orchestrator.store import Sample, Store
 from worker.spec import JobLayout, Phase, StepSignal, TaskStatus
 
+# A read is never given less than this, even when its host's host_timeout is nearly spent.
+MIN_READ_TIMEOUT = 0.5
+
 
 @dataclass
 class Watch:
@@ -109,7 +112,17 @@ class Tick:
         now_mono, now = time.monotonic(), time.time()
         by_host = {h: a for h, a in agents_by_host(group.agents).items() if h not in skip}
         check_alive = self.alive_check_due(group.agents, now_mono)
-        reads = self.fanout.each(by_host, lambda h: self.read_host(h, by_host[h], check_alive))
+        # Each read may take what is left of the host's host_timeout (from its last good
+        # read): a host that stops answering is then lost host_timeout after it last answered.
+        limits = {
+            h: max(
+                MIN_READ_TIMEOUT, self.host_timeout - (now_mono - watch.host_ok.get(h, now_mono))
+            )
+            for h in by_host
+        }
+        reads = self.fanout.each(
+            by_host, lambda h: self.read_host(h, by_host[h], check_alive, limits[h])
+        )
         for h in reads.succeeded:
             watch.host_ok[h] = now_mono
             watch.host_error.pop(h, None)
@@ -215,7 +228,13 @@ class Tick:
             is_chief=task.is_chief,
         )
 
-    def read_host(self, host_index: int, agents: list[AgentRef], check_alive: bool) -> HostRead:
+    def read_host(
+        self,
+        host_index: int,
+        agents: list[AgentRef],
+        check_alive: bool,
+        timeout: float | None = None,
+    ) -> HostRead:
         """One host's part of a tick (on a thread of its own), in one round trip: liveness when
         due, then each task's new log bytes and status file. Raises when the host is
         unreachable."""
@@ -228,7 +247,7 @@ class Tick:
         seen = self.backend.transport(host_index).observe(
             procs if check_alive else None,
             files,
-            timeout=self.host_timeout,
+            timeout=timeout or self.host_timeout,
             contact=[a.pid for a in agents],
         )
         read = HostRead(alive=seen.alive)

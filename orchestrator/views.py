@@ -177,6 +177,9 @@ def render_report(data: dict[str, Any]) -> None:
           f"{data['restarts']} restart(s)")  # fmt: skip
     for cause in data["restart_causes"]:
         _write(f"  restart: {cause}")
+    widths = data.get("width", [])
+    if len({w["workers"] for w in widths}) > 1:  # only worth a line when it changed
+        _write("width: " + ", ".join(f"{w['workers']} at {w['seconds']:.0f}s" for w in widths))
     rows = [
         [f"worker-{i}", t["host"], t["state"], str(t["epoch"]), str(t["steps"]),
          "-" if t["loss"] is None else f"{t['loss']:.4f}",

@@ -631,10 +631,53 @@ def test_a_host_cut_off_for_good_without_a_spare_leaves_the_job_to_the_survivors
         assert all(t["initial_epoch"] > 0 for t in job["tasks"])
         assert "going on with 2 of 3 worker(s), without h2" in events_text(cli, job["id"])
         assert {h["name"]: h["role"] for h in job["hosts"]}["h2"] == "out"
+        report = json.loads(cli("report", job["id"], "--json").out)
+        assert [w["workers"] for w in report["width"]] == [3, 2]  # the width over time
     finally:
         if proc.poll() is None:
             proc.kill()
         link(victim, "up")
+    assert wait_for(lambda: no_job_process_left(bed), 30)
+
+
+@pytest.mark.slow
+def test_a_dropped_host_that_comes_back_rejoins_at_an_epoch_boundary_with_regrow(
+    bed: tb.Testbed, tmp_path: Path, cli: Callable[..., CliResult]
+) -> None:
+    sections = (
+        "[supervision]\nhost_wait = 3.0\n\n"
+        "[restart]\nbackoff = 0.5\nmin_workers = 2\nregrow = true\n"
+    )
+    path = training_toml(bed, tmp_path, 40, sections)
+    path.write_text(path.read_text().replace("connect_timeout = 5.0", "connect_timeout = 2.0"))
+    victim = bed.hosts[2]
+    proc, running = launch_and_wait_for_epoch(cli, path, 2)
+    try:
+        link(victim, "down")
+        try:
+            wait_for(lambda: "going on with 2 of 3" in events_text(cli, running["id"]), 90)
+            wait_for(
+                lambda: (
+                    len(job_view(cli, running["id"])["tasks"]) == 2
+                    and all(t["step"] > 0 for t in job_view(cli, running["id"])["tasks"])
+                ),
+                90,
+            )
+        finally:
+            link(victim, "up")
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        link(victim, "up")
+    assert proc.returncode == 0, out[-3000:] + err
+    job = status_json(cli, running["id"])["jobs"][0]
+    assert job["state"] == "succeeded" and job["width"] == 3
+    assert job["restarts"] == 2 and job["preemptions"] == 1  # the regrow is not counted
+    events = events_text(cli, job["id"])
+    assert "h2 reachable again" in events and "back to 3 worker(s)" in events
+    report = json.loads(cli("report", job["id"], "--json").out)
+    assert [w["workers"] for w in report["width"]] == [3, 2, 3]
     assert wait_for(lambda: no_job_process_left(bed), 30)
 
 
