@@ -47,6 +47,12 @@ app = typer.Typer(
 
 ConfigArg = Annotated[Path, typer.Argument(help="Path to cluster.toml.", show_default=False)]
 JobArg = Annotated[str, typer.Argument(help="Job id (or a unique prefix of it, or a job name).")]
+DetachOpt = Annotated[
+    bool, typer.Option("--detach", "-d", help="Return once running; supervise in background.")
+]
+VerboseOpt = Annotated[
+    bool, typer.Option("--verbose", "-v", help="Show TensorFlow's C++ notices too.")
+]
 
 
 def _echo(text: str = "") -> None:
@@ -71,15 +77,11 @@ def validate(config: ConfigArg) -> None:
 @app.command()
 def launch(
     config: ConfigArg,
-    detach: Annotated[
-        bool, typer.Option("--detach", "-d", help="Return once running; supervise in background.")
-    ] = False,
+    detach: DetachOpt = False,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Print the plan and each TF_CONFIG; start nothing.")
     ] = False,
-    verbose: Annotated[
-        bool, typer.Option("--verbose", "-v", help="Show TensorFlow's C++ notices too.")
-    ] = False,
+    verbose: VerboseOpt = False,
 ) -> None:
     """Validate, preflight every host, start one agent per task, and supervise the job."""
     from orchestrator.config import load_config
@@ -190,12 +192,8 @@ def tensorboard(
 @app.command()
 def resume(
     job_ref: JobArg,
-    detach: Annotated[
-        bool, typer.Option("--detach", "-d", help="Return once running; supervise in background.")
-    ] = False,
-    verbose: Annotated[
-        bool, typer.Option("--verbose", "-v", help="Show TensorFlow's C++ notices too.")
-    ] = False,
+    detach: DetachOpt = False,
+    verbose: VerboseOpt = False,
 ) -> None:
     """Continue a failed or stopped job: same id, next attempt, same checkpoints, a fresh
     restart budget."""
@@ -225,9 +223,7 @@ def supervise(job_ref: JobArg) -> None:
 @app.command()
 def attach(
     job_ref: JobArg,
-    verbose: Annotated[
-        bool, typer.Option("--verbose", "-v", help="Show TensorFlow's C++ notices too.")
-    ] = False,
+    verbose: VerboseOpt = False,
 ) -> None:
     """Adopt a running job whose supervisor is gone, and supervise it to the end."""
     from orchestrator.stopping import finish_stop, needs_stop

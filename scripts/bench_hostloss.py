@@ -22,13 +22,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "scripts"))
 
 import testbed as tb  # noqa: E402
+from bench_measure import wait  # noqa: E402
 from bench_rows import Row  # noqa: E402
 
 PY = sys.executable
@@ -36,16 +36,6 @@ PLAIN = REPO / "scripts" / "bench_plain_trainer.py"
 EPOCHS = 400  # far more than a measurement lasts: every run is ended on purpose
 RAW_PORT = 23456
 RAW_CAP = 120.0  # seconds: a survivor still hung then is reported at the cap
-
-
-def wait(predicate: Callable[[], object], timeout: float, interval: float = 0.1) -> object:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise TimeoutError(f"not within {timeout}s")
 
 
 def link(host: tb.TestHost, state: str) -> None:

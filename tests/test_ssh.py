@@ -577,37 +577,45 @@ def test_a_host_cut_off_for_less_than_host_wait_is_waited_for_and_costs_one_rest
     assert wait_for(lambda: no_job_process_left(bed), 30)
 
 
-@pytest.mark.slow
-def test_a_host_cut_off_for_good_is_replaced_by_a_spare_and_the_job_finishes_there(
-    bed: tb.Testbed, tmp_path: Path, cli: Callable[..., CliResult]
-) -> None:
-    """(b) Two hosts train, h2 is a spare; h1's link goes down for good."""
-    path = training_toml(bed, tmp_path, 10, "[restart]\nbackoff = 0.5\n")
-    text = path.read_text().replace("connect_timeout = 5.0", "connect_timeout = 2.0")
-    path.write_text(text.replace('name = "h2"', 'name = "h2"\nspare = true'))
-    victim = bed.hosts[1]
+def run_with_a_host_cut_off(
+    bed: tb.Testbed, cli: Callable[..., CliResult], path: Path, victim: tb.TestHost
+) -> tuple[dict, float]:
+    """Launch, cut the victim's link at epoch 3 and leave it down until the job ends; the job
+    (which must succeed) and when the link went down. The link is back up afterwards."""
+    path.write_text(path.read_text().replace("connect_timeout = 5.0", "connect_timeout = 2.0"))
     proc, running = launch_and_wait_for_epoch(cli, path, 3)
-    assert {t["host"] for t in running["tasks"]} == {"h0", "h1"}
     try:
         link(victim, "down")
         cut_at = time.time()
         out, err = proc.communicate(timeout=300)
-        job = status_json(cli, running["id"])["jobs"][0]
         assert proc.returncode == 0, out[-3000:] + err
-        assert job["state"] == "succeeded" and job["restarts"] == 1
-        assert {t["host"] for t in job["tasks"]} == {"h0", "h2"}
-        assert all(t["initial_epoch"] > 0 for t in job["tasks"])
-        assert "h2 replaces h1" in events_text(cli, job["id"])
-        assert {h["name"]: h["role"] for h in job["hosts"]}["h1"] == "quarantined"
-        resumed = min(t["first_step_at"] for t in job["tasks"])
-        print(f"\n[timing] link down to training resumed on a spare: {resumed - cut_at:.2f}s")
-        # Cut off, h1's agent stopped its trainer by itself: nothing trains on alone there.
+        # Cut off, the victim's agent stopped its trainer by itself: none trains on alone.
         assert wait_for(lambda: processes_in(victim.namespace, "worker.examples") == [], 30)
     finally:
         if proc.poll() is None:
             proc.kill()
         link(victim, "up")
     assert wait_for(lambda: no_job_process_left(bed), 30)
+    return status_json(cli, running["id"])["jobs"][0], cut_at
+
+
+@pytest.mark.slow
+def test_a_host_cut_off_for_good_is_replaced_by_a_spare_and_the_job_finishes_there(
+    bed: tb.Testbed, tmp_path: Path, cli: Callable[..., CliResult]
+) -> None:
+    """(b) Two hosts train, h2 is a spare; h1's link goes down for good."""
+    path = training_toml(bed, tmp_path, 10, "[restart]\nbackoff = 0.5\n")
+    path.write_text(path.read_text().replace('name = "h2"', 'name = "h2"\nspare = true'))
+
+    job, cut_at = run_with_a_host_cut_off(bed, cli, path, bed.hosts[1])
+
+    assert job["state"] == "succeeded" and job["restarts"] == 1
+    assert {t["host"] for t in job["tasks"]} == {"h0", "h2"}
+    assert all(t["initial_epoch"] > 0 for t in job["tasks"])
+    assert "h2 replaces h1" in events_text(cli, job["id"])
+    assert {h["name"]: h["role"] for h in job["hosts"]}["h1"] == "quarantined"
+    resumed = min(t["first_step_at"] for t in job["tasks"])
+    print(f"\n[timing] link down to training resumed on a spare: {resumed - cut_at:.2f}s")
 
 
 @pytest.mark.slow
@@ -618,26 +626,16 @@ def test_a_host_cut_off_for_good_without_a_spare_leaves_the_job_to_the_survivors
     from the checkpoint the three left."""
     sections = "[supervision]\nhost_wait = 4.0\n\n[restart]\nbackoff = 0.5\nmin_workers = 2\n"
     path = training_toml(bed, tmp_path, 10, sections)
-    path.write_text(path.read_text().replace("connect_timeout = 5.0", "connect_timeout = 2.0"))
-    victim = bed.hosts[2]
-    proc, running = launch_and_wait_for_epoch(cli, path, 3)
-    try:
-        link(victim, "down")
-        out, err = proc.communicate(timeout=300)
-        job = status_json(cli, running["id"])["jobs"][0]
-        assert proc.returncode == 0, out[-3000:] + err
-        assert job["state"] == "succeeded" and job["restarts"] == 1
-        assert [t["host"] for t in job["tasks"]] == ["h0", "h1"] and job["width"] == 2
-        assert all(t["initial_epoch"] > 0 for t in job["tasks"])
-        assert "going on with 2 of 3 worker(s), without h2" in events_text(cli, job["id"])
-        assert {h["name"]: h["role"] for h in job["hosts"]}["h2"] == "out"
-        report = json.loads(cli("report", job["id"], "--json").out)
-        assert [w["workers"] for w in report["width"]] == [3, 2]  # the width over time
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        link(victim, "up")
-    assert wait_for(lambda: no_job_process_left(bed), 30)
+
+    job, _ = run_with_a_host_cut_off(bed, cli, path, bed.hosts[2])
+
+    assert job["state"] == "succeeded" and job["restarts"] == 1
+    assert [t["host"] for t in job["tasks"]] == ["h0", "h1"] and job["width"] == 2
+    assert all(t["initial_epoch"] > 0 for t in job["tasks"])
+    assert "going on with 2 of 3 worker(s), without h2" in events_text(cli, job["id"])
+    assert {h["name"]: h["role"] for h in job["hosts"]}["h2"] == "out"
+    report = json.loads(cli("report", job["id"], "--json").out)
+    assert [w["workers"] for w in report["width"]] == [3, 2]  # the width over time
 
 
 @pytest.mark.slow
