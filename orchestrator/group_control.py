@@ -188,7 +188,7 @@ class GroupControl:
         gone = [a for a in chosen if a.task_index in done]
         self._leftovers = [a for a in self._leftovers if a not in gone]
         if gone:
-            names = ", ".join(f"worker-{a.task_index} (attempt's pid {a.pid})" for a in gone)
+            names = ", ".join(f"worker-{a.task_index} (agent pid {a.pid})" for a in gone)
             self.store.add_event(self.job_id, "cleaned_up", f"stopped leftover {names}")
 
     @property

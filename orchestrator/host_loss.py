@@ -10,14 +10,14 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from orchestrator.config import ClusterConfig, SshBackend
+from orchestrator.config import ClusterConfig
 from orchestrator.errors import HostsUnreachable, OrchestrateError
 from orchestrator.group_control import GroupControl
 from orchestrator.host_pool import REPLACE_AFTER_FAILURES, HostPool, HostRole
 from orchestrator.launcher import host_labels
 from orchestrator.logstream import LineSink
 from orchestrator.observations import Decision, FailureKind, failure
-from orchestrator.plan import initial_hosts
+from orchestrator.plan import initial_hosts, task_slots
 from orchestrator.store import Store
 from orchestrator.tick import Group, Watch
 
@@ -69,10 +69,7 @@ class Hosts:
         self.sink.info(message)
 
     def tasks_on(self, hosts: tuple[int, ...]) -> int:
-        backend = self.config.backend
-        if not isinstance(backend, SshBackend):
-            return len(self.control.tick.tailers) or 1
-        return sum(backend.hosts[h].slots for h in hosts)
+        return len(task_slots(self.config, hosts))
 
     # --- after a failure ----------------------------------------------------------------
     def lost(self, group: Group, watch: Watch) -> Decision | None:
