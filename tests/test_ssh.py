@@ -41,6 +41,8 @@ import testbed as tb
 
 pytestmark = pytest.mark.ssh
 FAKE = Path(__file__).parent / "fixtures" / "fake_trainer.py"
+# A user's own MWMS `fit` script with its own BackupAndRestore: imports nothing of ours.
+PLAIN_FIT = Path(__file__).parent / "fixtures" / "plain_fit.py"
 
 
 @pytest.fixture(scope="module")
@@ -468,6 +470,21 @@ def training_toml(bed: tb.Testbed, tmp_path: Path, epochs: int, sections: str) -
     return path
 
 
+def plain_training_toml(bed: tb.Testbed, tmp_path: Path, epochs: int, sections: str) -> Path:
+    """The test bed's job with a plain `fit` script instead of the example (nothing of ours
+    imported): orchestrate sees its epochs only through the bootstrap. A small delay per
+    step keeps an epoch near a second, as the example's."""
+    path = training_toml(bed, tmp_path, epochs, sections)
+    backup = tmp_path / "shared" / "backup"
+    text = path.read_text().replace('module = "worker.examples.digits"', f'script = "{PLAIN_FIT}"')
+    text = text.replace(
+        f'args = ["--epochs", "{epochs}"]',
+        f'args = ["--epochs", "{epochs}", "--backup-dir", "{backup}", "--step-delay", "0.03"]',
+    )
+    path.write_text(text)
+    return path
+
+
 def launch_and_wait_for_epoch(
     cli: Callable[..., CliResult], path: Path, epoch: int
 ) -> tuple[subprocess.Popen[str], dict]:
@@ -498,7 +515,7 @@ def no_job_process_left(bed: tb.Testbed) -> bool:
     return not any(
         processes_in(h.namespace, needle)
         for h in bed.hosts
-        for needle in ("worker.agent", "worker.examples")
+        for needle in ("worker.agent", "worker.examples", "plain_fit.py")
     )
 
 
@@ -547,7 +564,7 @@ def test_a_host_cut_off_for_less_than_host_wait_is_waited_for_and_costs_one_rest
     stops within seconds, the relaunch waits for the host without spending restarts, and the
     job resumes from its last epoch and succeeds."""
     sections = "[supervision]\nstop_grace = 2.0\n\n[restart]\nmax_restarts = 1\nbackoff = 0.5\n"
-    path = training_toml(bed, tmp_path, 12, sections)
+    path = plain_training_toml(bed, tmp_path, 12, sections)
     path.write_text(path.read_text().replace("connect_timeout = 5.0", "connect_timeout = 2.0"))
     victim = bed.hosts[2]
     proc, running = launch_and_wait_for_epoch(cli, path, 3)
@@ -590,7 +607,7 @@ def run_with_a_host_cut_off(
         out, err = proc.communicate(timeout=300)
         assert proc.returncode == 0, out[-3000:] + err
         # Cut off, the victim's agent stopped its trainer by itself: none trains on alone.
-        assert wait_for(lambda: processes_in(victim.namespace, "worker.examples") == [], 30)
+        assert wait_for(lambda: processes_in(victim.namespace, "plain_fit.py") == [], 30)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -604,7 +621,7 @@ def test_a_host_cut_off_for_good_is_replaced_by_a_spare_and_the_job_finishes_the
     bed: tb.Testbed, tmp_path: Path, cli: Callable[..., CliResult]
 ) -> None:
     """(b) Two hosts train, h2 is a spare; h1's link goes down for good."""
-    path = training_toml(bed, tmp_path, 10, "[restart]\nbackoff = 0.5\n")
+    path = plain_training_toml(bed, tmp_path, 10, "[restart]\nbackoff = 0.5\n")
     path.write_text(path.read_text().replace('name = "h2"', 'name = "h2"\nspare = true'))
 
     job, cut_at = run_with_a_host_cut_off(bed, cli, path, bed.hosts[1])
@@ -625,7 +642,7 @@ def test_a_host_cut_off_for_good_without_a_spare_leaves_the_job_to_the_survivors
     """(c) No spare, min_workers = 2 of 3: past host_wait the job goes on with two workers,
     from the checkpoint the three left."""
     sections = "[supervision]\nhost_wait = 4.0\n\n[restart]\nbackoff = 0.5\nmin_workers = 2\n"
-    path = training_toml(bed, tmp_path, 10, sections)
+    path = plain_training_toml(bed, tmp_path, 10, sections)
 
     job, _ = run_with_a_host_cut_off(bed, cli, path, bed.hosts[2])
 
@@ -646,7 +663,7 @@ def test_a_dropped_host_that_comes_back_rejoins_at_an_epoch_boundary_with_regrow
         "[supervision]\nhost_wait = 3.0\n\n"
         "[restart]\nbackoff = 0.5\nmin_workers = 2\nregrow = true\n"
     )
-    path = training_toml(bed, tmp_path, 40, sections)
+    path = plain_training_toml(bed, tmp_path, 40, sections)
     path.write_text(path.read_text().replace("connect_timeout = 5.0", "connect_timeout = 2.0"))
     victim = bed.hosts[2]
     proc, running = launch_and_wait_for_epoch(cli, path, 2)
