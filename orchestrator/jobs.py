@@ -227,12 +227,13 @@ def reopen_for_resume(store: Store, job: JobRecord) -> JobRecord:
     job still running, one that succeeded, or one whose stop was never confirmed."""
     from orchestrator.errors import UsageError
     from orchestrator.job_state import RESUMABLE, JobStateMachine
+    from orchestrator.stopping import needs_stop  # it imports this module
 
     if not job.state.is_terminal():
         raise UsageError(f"job {job.id} is {job.state.value}: only a failed or stopped job resumes")
     if job.state not in RESUMABLE:
         raise UsageError(f"job {job.id} already {job.state.value}: nothing to resume")
-    if any(not t.state.is_terminal() for t in store.tasks(job.id)):
+    if needs_stop(store, job):
         raise UsageError(
             f"job {job.id}: its stop was never confirmed: run `orchestrate stop {job.id}` first"
         )
