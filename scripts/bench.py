@@ -30,6 +30,7 @@ import argparse
 import json
 import os
 import platform
+import signal
 import sys
 import tempfile
 import time
@@ -199,6 +200,8 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="one repeat, fewer hosts and epochs")
     parser.add_argument("--out", type=Path, default=REPO / "docs" / "bench")
     args = parser.parse_args()
+    # SIGTERM unwinds like Ctrl-C: every test bed and trainer is torn down on the way out.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     started = time.time()
     rows = run_suite(args.quick)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -196,6 +197,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeat", type=int, default=2)
     args = parser.parse_args()
+    # SIGTERM unwinds like Ctrl-C: every test bed and trainer is torn down on the way out.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     p10, p11 = rows()
     with tempfile.TemporaryDirectory(prefix="orch-bench-loss-") as tmp:
         host_loss_rows(Path(tmp), args.repeat, p10, p11)
