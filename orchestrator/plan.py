@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.config import ClusterConfig, LocalBackend, SshBackend
+from orchestrator.config import ClusterConfig, LocalBackend, SlurmBackend, SshBackend
 
 LOOPBACK = "127.0.0.1"
 LOCAL_HOST_LABEL = "local"
@@ -72,6 +72,8 @@ def initial_hosts(config: ClusterConfig) -> tuple[int, ...]:
     backend = config.backend
     if isinstance(backend, LocalBackend):
         return (0,)
+    if isinstance(backend, SlurmBackend):
+        return tuple(range(backend.nodes))
     assert isinstance(backend, SshBackend)
     return tuple(h for h, host in enumerate(backend.hosts) if not host.spare)
 
@@ -82,6 +84,12 @@ def task_slots(config: ClusterConfig, hosts: Sequence[int] | None = None) -> lis
     backend = config.backend
     if isinstance(backend, LocalBackend):
         return [HostSlot(0, LOCAL_HOST_LABEL, LOOPBACK, i) for i in range(backend.workers)]
+    if isinstance(backend, SlurmBackend):  # nodes are Slurm's choice: named once allocated
+        return [
+            HostSlot(n, slurm_node_label(n), "", s)
+            for n in range(backend.nodes)
+            for s in range(backend.tasks_per_node)
+        ]
     assert isinstance(backend, SshBackend)
     chosen = set(initial_hosts(config) if hosts is None else hosts)
     return [
@@ -90,6 +98,40 @@ def task_slots(config: ClusterConfig, hosts: Sequence[int] | None = None) -> lis
         if h in chosen
         for s in range(host.slots)
     ]
+
+
+def slurm_node_label(n: int) -> str:
+    """A Slurm node's label until the allocation names it."""
+    return f"node{n}"
+
+
+@dataclass(frozen=True)
+class StepTask:
+    """One task of a Slurm step, as it introduced itself (worker.slurm_task)."""
+
+    node: str
+    address: str
+    port: int
+
+
+def step_plan(job_name: str, tasks: Sequence[StepTask]) -> LaunchPlan:
+    """The plan of a Slurm step, from its tasks in SLURM_PROCID order: a task's host is its
+    node's position in the step (first seen first), its address and port what it reported."""
+    nodes: dict[str, int] = {}
+    plan = tuple(
+        TaskPlan(
+            index=i,
+            host_index=nodes.setdefault(t.node, len(nodes)),
+            host_label=t.node,
+            address=t.address,
+            port=t.port,
+        )
+        for i, t in enumerate(tasks)
+    )
+    endpoints = [t.endpoint for t in plan]
+    if len(set(endpoints)) != len(endpoints):
+        raise ValueError(f"two tasks share an address: {endpoints}")
+    return LaunchPlan(job_name=job_name, tasks=plan)
 
 
 def dry_run_plan(config: ClusterConfig) -> LaunchPlan:

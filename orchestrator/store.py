@@ -42,6 +42,7 @@ class JobRecord:
     supervisor_ident: str = ""  # worker.proctl.identity of supervisor_pid
     hosts_json: str = ""  # host_pool.HostPool: which hosts train, wait, stand by or rest
     budget_base: int = 0  # counted restarts before the last `resume`: a resume starts afresh
+    scheduler_job: str = ""  # the Slurm job id of the job's allocation ("": none)
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from orchestrator.errors import UsageError
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -33,7 +33,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     supervisor_host TEXT NOT NULL DEFAULT '',
     supervisor_ident TEXT NOT NULL DEFAULT '',
     hosts_json TEXT NOT NULL DEFAULT '',
-    budget_base INTEGER NOT NULL DEFAULT 0
+    budget_base INTEGER NOT NULL DEFAULT 0,
+    scheduler_job TEXT NOT NULL DEFAULT ''
 );
 CREATE TABLE IF NOT EXISTS tasks (
     job_id TEXT NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,
@@ -86,6 +87,7 @@ CREATE INDEX IF NOT EXISTS samples_by_job ON samples(job_id, task, ts);
 
 # From each older schema to the next: a store keeps its jobs across upgrades.
 MIGRATIONS = {
+    4: ["ALTER TABLE jobs ADD COLUMN scheduler_job TEXT NOT NULL DEFAULT ''"],
     3: [
         "ALTER TABLE jobs ADD COLUMN hosts_json TEXT NOT NULL DEFAULT ''",
         "ALTER TABLE jobs ADD COLUMN budget_base INTEGER NOT NULL DEFAULT 0",

@@ -96,7 +96,7 @@ def test_a_store_of_the_previous_schema_is_upgraded_in_place(tmp_path: Path) -> 
 """,
         "",
     ).replace(
-        ",\n    supervisor_ident TEXT NOT NULL DEFAULT '',\n    hosts_json TEXT NOT NULL DEFAULT '',\n    budget_base INTEGER NOT NULL DEFAULT 0",
+        ",\n    supervisor_ident TEXT NOT NULL DEFAULT '',\n    hosts_json TEXT NOT NULL DEFAULT '',\n    budget_base INTEGER NOT NULL DEFAULT 0,\n    scheduler_job TEXT NOT NULL DEFAULT ''",
         "",
     )
     assert "phase" not in old_schema and "_ident" not in old_schema
@@ -122,4 +122,6 @@ def test_a_store_of_the_previous_schema_is_upgraded_in_place(tmp_path: Path) -> 
     assert store.get_job("old-1").supervisor_ident == "boot:456"
     store.update_job("old-1", hosts_json="[]")  # and schema 4's
     assert store.get_job("old-1").hosts_json == "[]"
+    store.update_job("old-1", scheduler_job="17")  # and schema 5's
+    assert store.get_job("old-1").scheduler_job == "17"
     assert Store(db).get_job("old").state == JobState.SUCCEEDED  # opens again, no migration

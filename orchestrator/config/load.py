@@ -121,9 +121,9 @@ def _describe(exc: ValidationError) -> str:
         text = f"{_short_bound(first['msg'])} (got {show(first['input'])})"
     elif kind == "union_tag_invalid":
         tag = first["input"].get("type")
-        text = f"unknown backend type {show(tag)} (expected 'local' or 'ssh')"
+        text = f"unknown backend type {show(tag)} (expected 'local', 'ssh' or 'slurm')"
     elif kind == "union_tag_not_found":
-        text = "missing 'type' (expected 'local' or 'ssh')"
+        text = "missing 'type' (expected 'local', 'ssh' or 'slurm')"
     else:
         text = oneline(first["msg"].removeprefix("Value error, "))
     more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""

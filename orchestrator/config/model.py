@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, Strict, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, model_validator
 
 from orchestrator.config.values import (
     MAX_PORT,
@@ -106,7 +107,69 @@ class SshBackend(_Model):
     command_timeout: Annotated[Seconds, Field(gt=0)] = 60.0
 
 
-Backend = Annotated[LocalBackend | SshBackend, Field(discriminator="type")]
+# Slurm's own spellings, checked here so that a typo is a one-line error before anything is
+# submitted.
+def _slurm_check(pattern: str, what: str) -> AfterValidator:
+    def check(value: str) -> str:
+        if not re.fullmatch(pattern, value):
+            raise ValueError(f"{value!r} is not {what}")
+        return value
+
+    return AfterValidator(check)
+
+
+SlurmName = Annotated[
+    str,
+    Field(max_length=64),
+    _slurm_check(r"[A-Za-z0-9_.\-]+", "a Slurm name (letters, digits, '_', '.', '-')"),
+]
+SlurmTime = Annotated[
+    str,
+    _slurm_check(
+        r"\d+-\d{1,2}(:\d{1,2}){0,2}|\d+(:\d{1,2}){0,2}|UNLIMITED|INFINITE",
+        'a Slurm time limit ("30" minutes, "1:00:00", "2-12:00:00", ...)',
+    ),
+]
+SlurmGres = Annotated[
+    str,
+    _slurm_check(
+        r"[A-Za-z0-9_]+(:[A-Za-z0-9_.\-]+)?(:\d+)?", 'a Slurm GRES ("gpu", "gpu:4", "gpu:a100:4")'
+    ),
+]
+
+
+class SlurmBackend(_Model):
+    """The job runs in one Slurm allocation (sbatch); every attempt is one srun step in it."""
+
+    type: Literal["slurm"]
+    # Unset: the cluster's default partition.
+    partition: SlurmName | None = None
+    nodes: Annotated[int, Field(ge=1, le=4096)]
+    # Tasks (workers) per node; each picks its own free port.
+    tasks_per_node: Annotated[int, Field(ge=1, le=64)] = 1
+    # The allocation's time limit (sbatch --time); unset: the partition's default.
+    time: SlurmTime | None = None
+    account: SlurmName | None = None
+    qos: SlurmName | None = None
+    # Generic resources per node (sbatch --gres), e.g. "gpu:4".
+    gres: SlurmGres | None = None
+    exclusive: bool = False
+    # Further sbatch options, as an argv list (e.g. ["--constraint=ib", "--mem=0"]).
+    sbatch_args: list[str] = []
+    # Commands (argv lists) run on every node, in order, before its tasks start: at the first
+    # step of each allocation (again after a requeue, which may land on other nodes).
+    setup: list[list[str]] = []
+    # Interpreter on the nodes that has the worker package and TensorFlow.
+    python: str = "python3"
+    # Seconds before the allocation ends (time limit) at which Slurm signals the tasks
+    # (sbatch --signal=TERM@N): they checkpoint at the epoch boundary, then the job is requeued.
+    signal_before_end: Annotated[int, Field(ge=10, le=3600)] = 120
+    # Put the job back in the queue when its allocation ends early (time limit, preemption)
+    # and resume from the checkpoint; false: the job fails, saying why.
+    requeue: bool = True
+
+
+Backend = Annotated[LocalBackend | SshBackend | SlurmBackend, Field(discriminator="type")]
 
 
 class PortsSection(_Model):

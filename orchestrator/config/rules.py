@@ -8,6 +8,7 @@ from orchestrator.config.model import (
     ClusterConfig,
     EntrypointSection,
     LocalBackend,
+    SlurmBackend,
     SshBackend,
 )
 from orchestrator.config.values import (
@@ -40,9 +41,13 @@ def check_semantics(config: ClusterConfig, source: str) -> None:
                 f"{source}: entrypoint.workdir: no such directory: {printable(str(workdir))}"
             )
         _check_local_shared_dir(config.job.shared_dir, source)
+    if isinstance(backend, SlurmBackend):
+        _check_slurm(config, backend, source)
     per_host = (
         backend.workers
         if isinstance(backend, LocalBackend)
+        else backend.tasks_per_node
+        if isinstance(backend, SlurmBackend)
         else max(h.slots for h in backend.hosts)
     )
     base = config.ports.base
@@ -54,6 +59,8 @@ def check_semantics(config: ClusterConfig, source: str) -> None:
     tasks = (
         backend.workers
         if isinstance(backend, LocalBackend)
+        else backend.nodes * backend.tasks_per_node
+        if isinstance(backend, SlurmBackend)
         else sum(h.slots for h in backend.hosts if not h.spare)
     )
     if isinstance(backend, SshBackend) and tasks == 0:
@@ -80,6 +87,42 @@ def _check_elastic(config: ClusterConfig, tasks: int, source: str) -> None:
         raise ConfigError(
             f"{source}: restart.regrow: needs restart.min_workers (without it the job never "
             "shrinks, so there is nothing to grow back)"
+        )
+
+
+# sbatch options orchestrate sets itself: a second spelling in sbatch_args would contradict it.
+_SBATCH_MANAGED = {
+    "-N": "nodes", "--nodes": "nodes", "-n": "tasks_per_node", "--ntasks": "tasks_per_node",
+    "--ntasks-per-node": "tasks_per_node", "-p": "partition", "--partition": "partition",
+    "-t": "time", "--time": "time", "-A": "account", "--account": "account", "-q": "qos",
+    "--qos": "qos", "--gres": "gres", "--exclusive": "exclusive", "--signal": "signal_before_end",
+    "--requeue": "requeue", "--no-requeue": "requeue", "-J": "", "--job-name": "", "-o": "",
+    "--output": "", "-e": "", "--error": "", "--wrap": "", "--parsable": "", "-D": "",
+    "--chdir": "", "--test-only": "",
+}  # fmt: skip
+
+
+def _check_slurm(config: ClusterConfig, backend: SlurmBackend, source: str) -> None:
+    for i, arg in enumerate(backend.sbatch_args):
+        name = arg.split("=", 1)[0]
+        if not arg.startswith("-"):
+            raise ConfigError(
+                f"{source}: backend.sbatch_args[{i}]: {show(arg)} is not an option; give each "
+                'option with its value, e.g. "--constraint=ib"'
+            )
+        if name in _SBATCH_MANAGED:
+            key = _SBATCH_MANAGED[name]
+            instead = f"use backend.{key}" if key else "orchestrate sets it"
+            raise ConfigError(f"{source}: backend.sbatch_args[{i}]: {show(name)}: {instead}")
+    if config.ports.base:
+        raise ConfigError(
+            f"{source}: ports.base: the Slurm backend has each task pick a port free on its "
+            "own node; leave ports.base at 0"
+        )
+    if config.restart.min_workers is not None:
+        raise ConfigError(
+            f"{source}: restart.min_workers: not on the Slurm backend (an allocation's nodes "
+            "are Slurm's to replace: a requeue gets a whole new set)"
         )
 
 

@@ -138,7 +138,7 @@ def key_path(loc: tuple[int | str, ...]) -> str:
     parts: list[str] = []
     for i, item in enumerate(loc):
         # A discriminated union puts the tag ('local'/'ssh') in the path: drop it.
-        if i > 0 and loc[i - 1] == "backend" and item in ("local", "ssh"):
+        if i > 0 and loc[i - 1] == "backend" and item in ("local", "ssh", "slurm"):
             continue
         if isinstance(item, int):
             parts.append(f"[{item}]")
