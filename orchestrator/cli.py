@@ -92,8 +92,13 @@ def launch(
 
         render_dry_run(cfg)
         return
+    from orchestrator.config import SlurmBackend
     from orchestrator.jobs import register_job
 
+    if isinstance(cfg.backend, SlurmBackend):  # Slurm's verdict first: nothing registered
+        from orchestrator.backends.slurm import check_submission
+
+        check_submission(cfg, str(config))
     store = Store()
     job = register_job(store, cfg, str(config))
     if detach:

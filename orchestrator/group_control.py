@@ -13,8 +13,9 @@ from collections.abc import Collection, Sequence
 from pathlib import Path
 
 from orchestrator.backends import Backend
+from orchestrator.backends.slurm import Hello, SlurmHosts
 from orchestrator.config import ClusterConfig
-from orchestrator.errors import OrchestrateError
+from orchestrator.errors import OrchestrateError, PreflightError
 from orchestrator.launcher import (
     AgentRef,
     make_specs,
@@ -27,10 +28,11 @@ from orchestrator.launcher import (
 )
 from orchestrator.logstream import LineSink, LogTailer
 from orchestrator.observations import Decision
-from orchestrator.plan import LaunchPlan, TaskPlan
+from orchestrator.plan import LaunchPlan, StepTask, TaskPlan, step_plan
 from orchestrator.states import TaskState
 from orchestrator.store import Store, TaskRecord
 from orchestrator.tick import Group, Tick, Watch
+from worker.spec import HOST_PROTOCOL
 
 # A group that failed is broken (MWMS collectives cannot complete): no checkpoint can be taken,
 # and a trainer blocked in a collective ignores SIGTERM anyway. So its tasks get only a moment
@@ -53,6 +55,7 @@ class GroupControl:
         backend: Backend,
         tick: Tick,
         sink: LineSink,
+        stop_requested: threading.Event | None = None,
     ) -> None:
         self.store = store
         self.job_id = job_id
@@ -65,13 +68,17 @@ class GroupControl:
         self._leftovers: list[AgentRef] = []  # agents of earlier attempts we could not stop
         self._starting: list[AgentRef] = []  # agents started by a launch still under way
         self._record_lock = threading.Lock()
+        self.stop_requested = stop_requested or threading.Event()
 
     # --- starting -----------------------------------------------------------------------
-    def launch(self, attempt: int, hosts: Sequence[int]) -> Group:
+    def launch(self, attempt: int, hosts: Sequence[int]) -> Group | None:
         """Preflight the hosts, plan (ports probed afresh: TF_CONFIG rebuilt) and start one
         agent per task on them. Raises HostsUnreachable when a host cannot be reached, and
-        OrchestrateError when a host is not fit or an agent fails."""
+        OrchestrateError when a host is not fit or an agent fails. None: a stop was requested
+        while waiting (for a Slurm allocation)."""
         job_id, config = self.job_id, self.config
+        if isinstance(self.backend, SlurmHosts):
+            return self._launch_step(self.backend, attempt)
         self.sink.info(f"attempt {attempt}: preflight on {len(hosts)} host(s)")
         reports = preflight(config, self.backend, job_id, hosts)
         self.stop_leftovers(hosts)
@@ -92,10 +99,56 @@ class GroupControl:
         self._tail(plan)
         return group
 
+    def _launch_step(self, slurm: SlurmHosts, attempt: int) -> Group | None:
+        """Slurm: the allocation running (submitted, or requeued when its time is nearly up),
+        one srun step whose tasks pick their ports and say hello, their versions checked as a
+        preflight would, then each task's spec (TF_CONFIG from the hellos). None: a stop was
+        requested while the allocation waited."""
+        job_id, config, layout = self.job_id, self.config, self.tick.layout
+
+        cause = self.store.get_job(job_id).last_cause  # what the queue's state stands in for
+
+        def say(text: str) -> None:
+            self.store.update_job(job_id, last_cause=text)
+            self.store.add_event(job_id, "slurm", text)
+            self.sink.info(text)
+
+        def submitted(slurm_job: str) -> None:
+            self.store.update_job(job_id, scheduler_job=slurm_job)
+
+        running = slurm.ensure_running(
+            config, job_id, layout, attempt, say, submitted, self.stop_requested
+        )
+        if not running or slurm.allocation is None:
+            return None
+        self.store.update_job(job_id, last_cause=cause)
+        self.sink.info(f"attempt {attempt}: starting a step in Slurm job {slurm.allocation.id}")
+        hellos = slurm.start_step(config, job_id, layout, attempt)
+        problems = step_problems(hellos)
+        if problems:
+            slurm.stop_step(0.0)
+            raise PreflightError(f"preflight failed in the Slurm step: {problems}")
+        plan = step_plan(config.job.name, [StepTask(h.node, h.address, h.port) for h in hellos])
+        specs = make_specs(config, plan, job_id, attempt, self.backend)
+        self.store.replace_tasks(job_id, _task_records(job_id, plan, attempt))
+        agents = [AgentRef(h.procid, plan.tasks[h.procid].host_index, h.pid) for h in hellos]
+        for agent in agents:
+            self._record_agent(agent)
+        for spec in specs:  # each task is waiting for its own: the trainers start now
+            slurm.transport(0).put_file(
+                str(layout.spec_path(spec.task_index)), spec.to_json().encode()
+            )
+        group = self.live = Group(attempt, plan, agents)
+        self._starting = []
+        self._tail(plan)
+        return group
+
     def adopted(self, attempt: int, log_copies: Path) -> Group:
         """The group recorded in the store, whose supervisor is gone: its agents, and tailers
         that go on from what the coordinator's log copies already hold."""
         tasks = self.store.tasks(self.job_id)
+        if isinstance(self.backend, SlurmHosts):
+            self.backend.adopt(self.store.get_job(self.job_id).scheduler_job, self.tick.layout)
         plan = LaunchPlan(self.store.get_job(self.job_id).name, tuple(map(_task_plan, tasks)))
         agents = [
             AgentRef(t.idx, t.host_index, t.agent_pid, t.agent_ident) for t in tasks if t.agent_pid
@@ -222,6 +275,28 @@ class GroupControl:
         if not trouble:
             return decision
         return dataclasses.replace(decision, cause=f"{decision.cause}; {'; '.join(trouble)}")
+
+
+def step_problems(hellos: Sequence[Hello]) -> str:
+    """What a step's tasks said is wrong with their nodes (the preflight's checks), by node."""
+    by_node: dict[str, list[str]] = {}
+    for h in hellos:
+        problems = list(h.problems)
+        if h.protocol != HOST_PROTOCOL:
+            problems.append(
+                f"its orchestrate worker package is another version (protocol {h.protocol}, "
+                f"here {HOST_PROTOCOL}): install the same orchestrate"
+            )
+        if not h.tensorflow:
+            problems.append(f"TensorFlow is not installed for the node's python ({h.python})")
+        by_node.setdefault(h.node, [])
+        by_node[h.node] += [p for p in problems if p not in by_node[h.node]]
+    versions = {h.tensorflow for h in hellos if h.tensorflow}
+    trouble = [f"{node}: {', '.join(p)}" for node, p in by_node.items() if p]
+    if len(versions) > 1:
+        seen = {h.node: h.tensorflow for h in hellos}
+        trouble.append("TensorFlow differs: " + ", ".join(f"{n}={v}" for n, v in seen.items()))
+    return "; ".join(trouble)
 
 
 def _task_records(job_id: str, plan: LaunchPlan, attempt: int) -> list[TaskRecord]:

@@ -157,6 +157,8 @@ class Hosts:
                     return None
                 delay = min(delay * 2, PROBE_BACKOFF[1])
                 continue
+            if group is None:  # a stop was requested while the allocation waited
+                return None
             for h in group_hosts(group):
                 self.pool = self.pool.reachable(h)
             self._save()

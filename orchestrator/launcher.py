@@ -9,7 +9,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from orchestrator.backends import Backend
-from orchestrator.config import ClusterConfig, LocalBackend, SshBackend
+from orchestrator.backends.slurm import SlurmHosts
+from orchestrator.config import ClusterConfig, LocalBackend, SlurmBackend, SshBackend
 from orchestrator.errors import (
     HostsUnreachable,
     LaunchError,
@@ -18,7 +19,14 @@ from orchestrator.errors import (
     TransportError,
 )
 from orchestrator.fanout import HostResults, each
-from orchestrator.plan import LaunchPlan, build_plan, fixed_ports, initial_hosts, task_slots
+from orchestrator.plan import (
+    LaunchPlan,
+    build_plan,
+    fixed_ports,
+    initial_hosts,
+    slurm_node_label,
+    task_slots,
+)
 from orchestrator.transport.base import ProcessRef
 from worker.spec import (
     ENV_JOB_ID,
@@ -49,6 +57,8 @@ def host_labels(config: ClusterConfig) -> list[str]:
     backend = config.backend
     if isinstance(backend, LocalBackend):
         return ["local"]
+    if isinstance(backend, SlurmBackend):
+        return [slurm_node_label(n) for n in range(backend.nodes)]
     assert isinstance(backend, SshBackend)
     return [h.label for h in backend.hosts]
 
@@ -249,7 +259,9 @@ def make_specs(
 def orphan_timeout(config: ClusterConfig) -> float:
     """How long an agent cut off from the coordinator and every peer trains on: well past the
     moment the coordinator gives its host up (host_timeout), so that only a real partition,
-    never a slow tick, stops a trainer."""
+    never a slow tick, stops a trainer. Not on Slurm: there the step is Slurm's to end."""
+    if isinstance(config.backend, SlurmBackend):
+        return 0.0
     return 2 * config.supervision.host_timeout + 5.0
 
 
@@ -315,6 +327,11 @@ def stop_agents(
     stop_grace plus AGENT_STOP_MARGIN: each agent escalates to SIGKILL itself and writes a
     final status first."""
     by_task = {a.task_index: a for a in agents}
+    if isinstance(backend, SlurmHosts):  # one step holds every task: scancel, not kill
+        if not agents or backend.stop_step(grace):
+            return HostResults(tuple(by_task), dict.fromkeys(by_task), {})
+        stuck = LaunchError(f"Slurm step still running after {grace:g}s")
+        return HostResults(tuple(by_task), {}, dict.fromkeys(by_task, stuck))
 
     def stop(i: int) -> None:
         agent = by_task[i]

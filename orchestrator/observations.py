@@ -27,6 +27,7 @@ class FailureKind(StrEnum):
     LAUNCH = "launch"  # a relaunch could not start (a host unfit, an agent that failed, ...)
     HOST_LOST = "host_lost"  # a host's reads failed for host_timeout
     HOST_WAIT = "host_wait"  # a lost host stayed away past host_wait, nothing could replace it
+    ALLOCATION_ENDED = "allocation_ended"  # the Slurm allocation is over: nowhere to restart
     REGROW = "regrow"  # a dropped host is back: restart at full width (not a failure)
 
 

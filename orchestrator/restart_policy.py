@@ -32,6 +32,8 @@ def plan_restart(
         return RestartPlan(True, False, 0.0, "growing back to full width: restart not counted")
     if decision.kind == FailureKind.HOST_WAIT:
         return RestartPlan(False, False, 0.0, "supervision.host_wait passed")
+    if decision.kind == FailureKind.ALLOCATION_ENDED:
+        return RestartPlan(False, False, 0.0, "the Slurm allocation is over")
     if decision.kind == FailureKind.STARTUP and not startup_timeout_restarts:
         return RestartPlan(False, False, 0.0, "on_startup_timeout = fail")
     if (

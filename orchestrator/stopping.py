@@ -51,17 +51,23 @@ def stop_without_supervisor(store: Store, job: JobRecord, cfg: ClusterConfig) ->
     from orchestrator.launcher import AGENT_STOP_MARGIN, host_labels
 
     grace = cfg.supervision.stop_grace + AGENT_STOP_MARGIN
-    labels = host_labels(cfg)
-    backend = open_backend(cfg)
-    try:
-        results = each(range(len(labels)), lambda h: backend.transport(h).stop_job(job.id, grace))
-    finally:
-        backend.close()
-    report = StopReport(
-        unreachable={labels[h]: results.reason(h, labels[h]) for h in results.failed},
-        left={labels[h]: pids for h, pids in results.succeeded.items() if pids},
-    )
-    unconfirmed = set(results.failed) | {h for h, pids in results.succeeded.items() if pids}
+    if cfg.backend.type == "slurm":
+        report = _cancel_allocation(job, grace)  # one allocation: all confirmed, or none
+        unconfirmed = set() if report.confirmed else {t.host_index for t in store.tasks(job.id)}
+    else:
+        labels = host_labels(cfg)
+        backend = open_backend(cfg)
+        try:
+            results = each(
+                range(len(labels)), lambda h: backend.transport(h).stop_job(job.id, grace)
+            )
+        finally:
+            backend.close()
+        report = StopReport(
+            unreachable={labels[h]: results.reason(h, labels[h]) for h in results.failed},
+            left={labels[h]: pids for h, pids in results.succeeded.items() if pids},
+        )
+        unconfirmed = set(results.failed) | {h for h, pids in results.succeeded.items() if pids}
     updates: dict[int, dict[str, object]] = {}
     for t in store.tasks(job.id):
         if not t.state.is_terminal():
@@ -80,6 +86,23 @@ def stop_without_supervisor(store: Store, job: JobRecord, cfg: ClusterConfig) ->
             store.update_job(job.id, state=JobState.STOPPING, last_cause=cause)
         store.add_event(job.id, "stop_unconfirmed", cause)
     return report
+
+
+def _cancel_allocation(job: JobRecord, grace: float) -> StopReport:
+    """Slurm: scancel the job's allocation (every step, every node) and wait until Slurm says
+    it ended."""
+    from orchestrator.backends.slurm import Allocation
+
+    if not job.scheduler_job:  # never submitted: nothing runs
+        return StopReport({}, {})
+    name = f"Slurm job {job.scheduler_job}"
+    try:
+        ended = Allocation(job.scheduler_job).cancel(wait=grace)
+    except OrchestrateError as exc:
+        return StopReport({name: str(exc)}, {})
+    if ended:
+        return StopReport({}, {})
+    return StopReport({name: f"still running {grace:g}s after scancel"}, {})
 
 
 def needs_stop(store: Store, job: JobRecord) -> bool:

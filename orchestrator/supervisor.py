@@ -20,6 +20,7 @@ import time
 from types import FrameType
 
 from orchestrator.backends import Backend, open_backend
+from orchestrator.backends.slurm import AllocationEnded, SlurmHosts
 from orchestrator.config import ClusterConfig
 from orchestrator.errors import OrchestrateError
 from orchestrator.group_control import BROKEN_GROUP_GRACE, GroupControl
@@ -55,7 +56,7 @@ class Supervisor:
         self.config = config
         self.sink = sink
         self.backend = backend or open_backend(config)
-        self.stop_requested = threading.Event()
+        self.stop_requested = threading.Event()  # before GroupControl, which waits on it
         self.layout = job_layout(config, job.id)
         self.attempt = job.attempt
         self.tick = Tick(
@@ -68,7 +69,9 @@ class Supervisor:
             config.supervision.host_timeout,
         )
         self.job_state = JobStateMachine(store, job.id)  # the only writer of the job's state
-        self.group = GroupControl(store, job.id, config, self.backend, self.tick, sink)
+        self.group = GroupControl(
+            store, job.id, config, self.backend, self.tick, sink, self.stop_requested
+        )
         self.hosts = Hosts(store, job.id, config, self.group, sink, self.stop_requested)
 
     def install_signal_handlers(self) -> None:
@@ -111,6 +114,8 @@ class Supervisor:
             self._fail_on_error(f"internal error: {type(exc).__name__}: {exc}")
             raise
         finally:
+            if isinstance(self.backend, SlurmHosts):  # however it ended: so does its allocation
+                self.backend.release(self.layout, self.job_state.state == JobState.SUCCEEDED)
             self.hosts.close()
             self.sink.close()
             self.tick.close()
@@ -123,6 +128,8 @@ class Supervisor:
                 group = self._launch(self.attempt)
             except HostWaitExpired as exc:
                 return None, failure(FailureKind.HOST_WAIT, str(exc))
+            except AllocationEnded as exc:
+                return None, failure(FailureKind.ALLOCATION_ENDED, str(exc))
             except OrchestrateError as exc:
                 if self.attempt == 0:
                     raise  # the first launch fails fast: fix the hosts, then relaunch
@@ -279,6 +286,8 @@ class Supervisor:
             self.store.add_event(self.job.id, "collect_failed", str(exc))
 
     def _finish(self, state: JobState, cause: str) -> None:
+        if isinstance(self.backend, SlurmHosts):  # over before the job says so
+            self.backend.release(self.layout, state == JobState.SUCCEEDED)
         self.job_state.to(state, last_cause=cause)
         self.store.add_event(self.job.id, state.value, cause)
         self.sink.info(f"job {self.job.id} {state.value}: {cause}")

@@ -28,6 +28,7 @@ def job_view(job: JobRecord, tasks: list[TaskRecord], now: float) -> dict[str, A
         "name": job.name,
         "state": job.state.value,
         "backend": job.backend,
+        "slurm_job": job.scheduler_job or None,
         "attempt": job.attempt,
         "restarts": job.restarts,
         "preemptions": job.preemptions,
@@ -123,7 +124,7 @@ def render_status(views: list[dict[str, Any]], detailed: bool) -> None:
             [
                 v["id"],
                 state,
-                v["backend"],
+                v["backend"] + (f" {v['slurm_job']}" if v["slurm_job"] else ""),
                 f"{running}/{len(v['tasks'])}",
                 str(v["restarts"]),
                 f"{v['wall_seconds']:.0f}s",
@@ -212,3 +213,17 @@ def render_dry_run(cfg: ClusterConfig) -> None:
         _write(f"  TF_CONFIG={plan.tf_config_json(task.index)}")
     if any(t.port is None for t in plan.tasks):
         _write("(auto ports are probed free on each host at launch)")
+    if cfg.backend.type == "slurm":
+        import shlex
+
+        from orchestrator.backends.slurm_commands import sbatch_argv, srun_argv
+
+        job_dir = f"{cfg.job.shared_dir}/<job>"
+        _write("(nodes are named by Slurm when the allocation runs)")
+        _write("allocation: " + shlex.join(
+            sbatch_argv(cfg, "<job>", f"{job_dir}/slurm/batch-%j.out", f"{job_dir}/slurm/release")
+        ))  # fmt: skip
+        _write("each attempt: " + shlex.join(
+            srun_argv(cfg, "<slurm job>", 0, f"{job_dir}/slurm/attempt-0",
+                      f"{job_dir}/tasks/%t/agent.log", cfg.backend.python)
+        ))  # fmt: skip

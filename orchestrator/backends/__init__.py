@@ -1,14 +1,14 @@
 """Backends answer "where do tasks run and how do we reach them": one transport per host.
 
 The local backend is one host (this machine, loopback addresses); the SSH backend one host per
-cluster.toml entry. A scheduler backend (Slurm) would hand out hosts the same way.
+cluster.toml entry; the Slurm backend one host per node of its allocation.
 """
 
 from __future__ import annotations
 
 from typing import Protocol
 
-from orchestrator.config import ClusterConfig, LocalBackend, SshBackend
+from orchestrator.config import ClusterConfig, LocalBackend, SlurmBackend, SshBackend
 from orchestrator.transport.base import Transport
 
 
@@ -31,6 +31,10 @@ def open_backend(config: ClusterConfig) -> Backend:
         from orchestrator.backends.local import LocalHosts
 
         return LocalHosts(config.backend)
+    if isinstance(config.backend, SlurmBackend):
+        from orchestrator.backends.slurm import SlurmHosts
+
+        return SlurmHosts(config.backend)
     assert isinstance(config.backend, SshBackend)
     from orchestrator.backends.ssh import SshHosts  # paramiko is imported only for SSH jobs
 

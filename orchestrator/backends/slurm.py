@@ -1,0 +1,436 @@
+"""The Slurm backend: the job's tasks run in one Slurm allocation (sbatch), each attempt as one
+srun step in it (worker.slurm_task on every task). Slurm places, starts, signals and ends the
+processes; orchestrate keeps TF_CONFIG, supervision, whole-group restarts and the logs.
+
+The coordinator reads the tasks' status and log files on the shared directory, which it sees
+as the nodes do, and takes liveness from the step itself (its srun is our child; an adopted
+step is looked up in squeue). Slurm's commands run here, as local processes: the coordinator
+runs where a user would type sbatch (a login node)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from orchestrator.backends.slurm_commands import (
+    SQUEUE_FORMAT,
+    AllocationView,
+    SlurmState,
+    refusal_key,
+    refusal_reason,
+    sbatch_argv,
+    srun_argv,
+)
+from orchestrator.config import ClusterConfig, SlurmBackend
+from orchestrator.errors import (
+    ConfigError,
+    LaunchError,
+    OrchestrateError,
+    TransportError,
+    UsageError,
+)
+from orchestrator.plan import slurm_node_label
+from orchestrator.transport.base import Observation, ProcessRef
+from orchestrator.transport.local import LocalTransport
+from worker import hostd
+from worker.spec import ENV_JOB_ID, JobLayout
+
+SLURM_TIMEOUT = 30.0  # seconds for one Slurm command
+HELLO_TIMEOUT = 120.0  # seconds for every task of a step to introduce itself
+STEP_LOOKUP_INTERVAL = 1.0  # squeue at most this often for an adopted step
+RELEASE_WAIT = 10.0  # seconds for the hold script to see the release file before scancel
+
+
+class AllocationEnded(OrchestrateError):
+    """The job's Slurm allocation is over (or about to be) and cannot be used again."""
+
+
+def run_slurm(
+    argv: Sequence[str], timeout: float = SLURM_TIMEOUT
+) -> subprocess.CompletedProcess[str]:
+    try:
+        return subprocess.run(
+            list(argv), capture_output=True, text=True, timeout=timeout, check=False
+        )
+    except FileNotFoundError:
+        raise LaunchError(
+            f"{argv[0]} not found: the Slurm backend runs Slurm's commands (sbatch, srun, squeue, "
+            "scancel, scontrol) on this machine"
+        ) from None
+    except subprocess.TimeoutExpired:
+        raise TransportError(f"{argv[0]} did not answer in {timeout:g}s") from None
+
+
+def _one_line(text: str) -> str:
+    return " | ".join(line.strip() for line in text.strip().splitlines()[-2:] if line.strip())
+
+
+class Allocation:
+    """The job's allocation, by Slurm job id."""
+
+    def __init__(self, slurm_job: str) -> None:
+        self.id = slurm_job
+
+    def view(self) -> AllocationView:
+        out = run_slurm(["squeue", "-h", "-j", self.id, "-o", SQUEUE_FORMAT])
+        line = out.stdout.strip().splitlines()[:1]
+        if out.returncode == 0 and line:
+            return AllocationView.parse(line[0])
+        # Not in squeue (a moment during a requeue; or ended): ask the controller itself,
+        # which knows the job until MinJobAge, then the accounting records.
+        shown = run_slurm(["scontrol", "show", "job", "-o", self.id])
+        fields = dict(
+            item.split("=", 1) for item in shown.stdout.split() if "=" in item
+        )  # JobState=PENDING Reason=BeginTime ...
+        if shown.returncode == 0 and "JobState" in fields:
+            state = SlurmState.parse(fields["JobState"])
+            return AllocationView(state, fields.get("Reason", ""), fields.get("NodeList", ""))
+        if "invalid job id" not in shown.stderr.lower():  # the controller busy: ask again
+            return AllocationView(SlurmState.OTHER, _one_line(shown.stderr))
+        return AllocationView(self.final_state())
+
+    def final_state(self) -> SlurmState:
+        """How the job ended, from accounting, else from the job completion log (sacct -c):
+        Slurm forgets a job past MinJobAge, our store does not."""
+        out = run_slurm(["sacct", "-X", "-n", "-P", "-j", self.id, "-o", "State"])
+        if out.returncode == 0 and out.stdout.strip():
+            return SlurmState.parse(out.stdout.strip().splitlines()[-1])
+        out = run_slurm(["sacct", "-c", "-n", "-P", "-j", self.id, "-o", "JobID,State"])
+        states = [
+            line.split("|")[1] for line in out.stdout.splitlines() if line.startswith(f"{self.id}|")
+        ]
+        return SlurmState.parse(states[-1]) if out.returncode == 0 and states else SlurmState.GONE
+
+    def steps(self) -> set[str]:
+        out = run_slurm(["squeue", "-h", "-s", "-j", self.id, "-o", "%i"])
+        return set(out.stdout.split()) if out.returncode == 0 else set()
+
+    def requeue(self) -> None:
+        out = run_slurm(["scontrol", "requeue", self.id])
+        if out.returncode != 0:
+            raise AllocationEnded(
+                f"Slurm job {self.id} could not be requeued: {_one_line(out.stderr)}"
+            )
+
+    def cancel(self, wait: float = 0.0) -> bool:
+        """scancel the whole job; with `wait`, until Slurm says it ended. True: it has."""
+        run_slurm(["scancel", self.id])
+        deadline = time.monotonic() + wait
+        while True:
+            state = self.view().state
+            if state.is_terminal():
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.2)
+
+    def release(self, release_file: Path) -> None:
+        """End the allocation: the hold script exits on the release file (the job COMPLETES,
+        as accounting should show a job that succeeded); scancel if it does not."""
+        with contextlib.suppress(OSError):
+            release_file.parent.mkdir(parents=True, exist_ok=True)
+            release_file.touch()
+        deadline = time.monotonic() + RELEASE_WAIT
+        while time.monotonic() < deadline:
+            view = self.view()
+            if view.state.is_terminal():
+                return
+            if view.state != SlurmState.RUNNING:
+                break  # queued: nothing to release, cancel it
+            time.sleep(0.5)
+        self.cancel(wait=RELEASE_WAIT)
+
+
+def check_submission(config: ClusterConfig, source: str) -> None:
+    """sbatch --test-only: Slurm's own verdict on the partition, account, QOS, GRES, node count
+    and time limit, before anything is registered or submitted. A refusal is the user's to fix:
+    a ConfigError naming the file and the key."""
+    checked = run_slurm(sbatch_argv(config, "check", "/dev/null", "/dev/null", test_only=True))
+    if checked.returncode != 0:
+        reason = refusal_reason(checked.stderr or checked.stdout)
+        raise ConfigError(f"{source}: {refusal_key(reason)}: Slurm refuses the job: {reason}")
+
+
+def submit(config: ClusterConfig, job_id: str, layout: JobLayout) -> Allocation:
+    """Submit the allocation; its batch output and release file live in the job's directory."""
+    slurm_dir = Path(layout.root) / "slurm"
+    slurm_dir.mkdir(parents=True, exist_ok=True)
+    output, release = str(slurm_dir / "batch-%j.out"), str(slurm_dir / "release")
+    out = run_slurm(sbatch_argv(config, job_id, output, release))
+    slurm_job = out.stdout.strip().split(";")[0]
+    if out.returncode != 0 or not slurm_job.isdigit():
+        reason = refusal_reason(out.stderr or out.stdout)
+        raise UsageError(f"{refusal_key(reason)}: Slurm refuses the job: {reason}")
+    return Allocation(slurm_job)
+
+
+@dataclass(frozen=True)
+class Hello:
+    """What one task of a step said about itself (worker.slurm_task)."""
+
+    procid: int
+    node: str
+    address: str
+    port: int
+    pid: int
+    step: str  # SLURM_STEP_ID
+    python: str
+    tensorflow: str | None
+    protocol: int
+    problems: tuple[str, ...]
+
+    @classmethod
+    def read(cls, path: Path) -> Hello | None:
+        try:
+            data = json.loads(path.read_bytes())
+        except (OSError, ValueError):
+            return None
+        return cls(
+            int(data["procid"]), str(data["node"]), str(data["address"]), int(data["port"]),
+            int(data["pid"]), str(data.get("step", "")), str(data.get("python", "")),
+            data.get("tensorflow"), int(data.get("protocol", 0)),
+            tuple(data.get("problems", [])),
+        )  # fmt: skip
+
+
+class Step:
+    """One attempt's srun step: started here (srun is our child), or adopted by id."""
+
+    def __init__(
+        self, allocation: Allocation, proc: subprocess.Popen[bytes] | None, step_id: str = ""
+    ) -> None:
+        self.allocation = allocation
+        self.proc = proc
+        self.step_id = step_id
+        self._seen_at = float("-inf")
+        self._seen = True
+
+    @property
+    def name(self) -> str:
+        return f"{self.allocation.id}.{self.step_id}"
+
+    def alive(self) -> bool:
+        if self.proc is not None:
+            return self.proc.poll() is None
+        now = time.monotonic()
+        if now - self._seen_at >= STEP_LOOKUP_INTERVAL:
+            with contextlib.suppress(OrchestrateError):
+                self._seen = self.name in self.allocation.steps()
+            self._seen_at = now
+        return self._seen
+
+    def wait(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while self.alive():
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
+        return True
+
+    def stop(self, grace: float) -> bool:
+        """SIGTERM to every task (they checkpoint or stop), up to `grace`, then scancel the
+        step (SIGKILL); True once the step is gone."""
+        if not self.alive():
+            return True
+        if self.step_id:
+            run_slurm(["scancel", "--signal=TERM", self.name])
+        elif self.proc is not None:
+            self.proc.terminate()  # srun forwards SIGTERM to every task
+        if self.wait(grace):
+            return True
+        if self.step_id:
+            run_slurm(["scancel", self.name])
+        if self.wait(10.0):
+            return True
+        if self.proc is not None:  # srun itself stuck: Slurm still ends the step without it
+            self.proc.kill()
+            self.proc.wait()
+        self._seen_at = float("-inf")
+        self.proc = None
+        return not self.alive()
+
+
+class SlurmNodeTransport(LocalTransport):
+    """A node of the allocation as the coordinator sees it: its files on the shared directory
+    (read here), and its tasks alive while the step runs."""
+
+    def __init__(self, label: str, python: str, step_alive: Callable[[], bool]) -> None:
+        super().__init__(label, python)
+        self._step_alive = step_alive
+
+    def alive_pids(self, procs: Sequence[ProcessRef]) -> set[int]:
+        return {p.pid for p in procs} if self._step_alive() else set()
+
+    def observe(
+        self,
+        procs: Sequence[ProcessRef] | None,
+        files: Sequence[tuple[str, int]],
+        timeout: float | None = None,
+        contact: Sequence[int] = (),
+    ) -> Observation:
+        alive = None if procs is None else self.alive_pids(procs)
+        _, data = hostd.observe(None, list(files))
+        return Observation(alive, tuple(data))
+
+    def stop_process_group(self, leader: ProcessRef, grace: float) -> bool:
+        raise TransportError(f"{self.host_label}: Slurm tasks are stopped by their step")
+
+    def stop_job(self, job_id: str, grace: float) -> list[int]:
+        raise TransportError(f"{self.host_label}: Slurm jobs are stopped with scancel")
+
+
+class SlurmHosts:
+    """The Slurm backend: `nodes` hosts, named once the allocation runs."""
+
+    kind = "slurm"
+    alive_check_interval = 0.0  # the step's liveness is a local poll (or a rate-limited squeue)
+
+    def __init__(self, config: SlurmBackend) -> None:
+        self.config = config
+        self.allocation: Allocation | None = None
+        self.step: Step | None = None
+        self.owns_allocation = False  # a supervisor's: released when it closes
+        self.fresh_run = True  # no step yet since the allocation (re)started: run setup
+        self._transports = [
+            SlurmNodeTransport(slurm_node_label(n), config.python, self.step_alive)
+            for n in range(config.nodes)
+        ]
+
+    def host_count(self) -> int:
+        return self.config.nodes
+
+    def transport(self, host_index: int) -> SlurmNodeTransport:
+        return self._transports[host_index]
+
+    def python(self, host_index: int) -> str:
+        return self.config.python
+
+    def step_alive(self) -> bool:
+        return self.step is not None and self.step.alive()
+
+    def stop_step(self, grace: float) -> bool:
+        return self.step is None or self.step.stop(grace)
+
+    def close(self) -> None:
+        pass
+
+    def release(self, layout: JobLayout, succeeded: bool) -> None:
+        """At the job's end: stop any step and end the allocation, never raising. A job that
+        succeeded lets its batch script end (Slurm records COMPLETED); any other is
+        cancelled (CANCELLED)."""
+        if self.allocation is None or not self.owns_allocation:
+            return
+        with contextlib.suppress(OrchestrateError):
+            self.stop_step(0.0)
+            if succeeded:
+                self.allocation.release(Path(layout.root) / "slurm" / "release")
+            else:
+                self.allocation.cancel(wait=RELEASE_WAIT)
+        self.owns_allocation = False
+
+    # --- an attempt ---------------------------------------------------------------------
+    def ensure_running(
+        self,
+        config: ClusterConfig,
+        job_id: str,
+        layout: JobLayout,
+        attempt: int,
+        say: Callable[[str], None],
+        submitted: Callable[[str], None],
+        stop_requested: threading.Event,
+    ) -> bool:
+        """Submit the allocation (first attempt) and wait until it runs, saying its state and
+        Slurm's reason as they change. A restart with less than signal_before_end left of the
+        time limit requeues the job first (a restart could not finish an epoch). False: a stop
+        was requested while waiting."""
+        if self.allocation is None:
+            self.allocation = submit(config, job_id, layout)
+            self.owns_allocation = True
+            submitted(self.allocation.id)
+            say(f"submitted Slurm job {self.allocation.id}")
+        allocation, said = self.allocation, ""
+        while True:
+            view = allocation.view()
+            left = view.time_left
+            if view.state == SlurmState.RUNNING:
+                if attempt == 0 or left is None or left > self.config.signal_before_end:
+                    return True
+                if not self.config.requeue:
+                    raise AllocationEnded(
+                        f"Slurm job {allocation.id} ends in {left:.0f}s (its time limit) and "
+                        "backend.requeue = false"
+                    )
+                allocation.requeue()
+                self.fresh_run = True
+                say(f"Slurm job {allocation.id} requeued: {left:.0f}s left of its time limit")
+                continue
+            if view.state.is_terminal():
+                raise AllocationEnded(f"Slurm job {allocation.id} ended: {view.state.value}")
+            self.fresh_run = True
+            text = f"Slurm job {allocation.id}: {view.describe()}"
+            if text != said:
+                say(text)
+                said = text
+            if stop_requested.wait(1.0):
+                return False
+
+    def start_step(
+        self, config: ClusterConfig, job_id: str, layout: JobLayout, attempt: int
+    ) -> list[Hello]:
+        """Start the attempt's step and wait for every task's hello; raise LaunchError (the
+        step stopped) when the step ends first or a task never says hello."""
+        assert self.allocation is not None
+        backend = self.config
+        step_dir = Path(layout.root) / "slurm" / f"attempt-{attempt}"
+        (step_dir / "hello").mkdir(parents=True, exist_ok=True)
+        tasks = backend.nodes * backend.tasks_per_node
+        for i in range(tasks):
+            Path(layout.task_dir(i)).mkdir(parents=True, exist_ok=True)
+        if self.fresh_run and backend.setup:
+            (step_dir / "setup.json").write_text(json.dumps(backend.setup))
+        argv = srun_argv(
+            config, self.allocation.id, attempt, str(step_dir),
+            str(Path(layout.root) / "tasks" / "%t" / "agent.log"), backend.python,
+        )  # fmt: skip
+        with open(step_dir / "srun.log", "ab") as log:
+            proc = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                env={**os.environ, ENV_JOB_ID: job_id}, start_new_session=True,
+            )  # fmt: skip
+        self.step = Step(self.allocation, proc)
+        self.fresh_run = False
+        deadline = time.monotonic() + HELLO_TIMEOUT
+        paths = [step_dir / "hello" / f"{i}.json" for i in range(tasks)]
+        while True:
+            hellos = [Hello.read(p) for p in paths]
+            if all(h is not None for h in hellos):
+                done = [h for h in hellos if h is not None]
+                self.step.step_id = done[0].step
+                (Path(layout.root) / "slurm" / "step.json").write_text(
+                    json.dumps({"attempt": attempt, "step": done[0].step})
+                )
+                return done
+            if proc.poll() is not None or time.monotonic() > deadline:
+                self.stop_step(0.0)
+                tail = _one_line((step_dir / "srun.log").read_text(errors="replace"))
+                said = sum(h is not None for h in hellos)
+                raise LaunchError(
+                    f"step of Slurm job {self.allocation.id}: {said} of {tasks} task(s) "
+                    f"started: {tail or 'srun ended'}"
+                )
+            time.sleep(0.05)
+
+    def adopt(self, slurm_job: str, layout: JobLayout) -> None:
+        """A supervisor taking over: the job's allocation and its last step."""
+        self.allocation = Allocation(slurm_job)
+        self.owns_allocation = True
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            step = json.loads((Path(layout.root) / "slurm" / "step.json").read_text())["step"]
+            self.step = Step(self.allocation, None, str(step))

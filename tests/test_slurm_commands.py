@@ -1,0 +1,206 @@
+"""The Slurm backend's pure parts: its config section, the sbatch and srun command lines, what
+squeue and sbatch print, and the plan of a step from its tasks' hellos. The real thing runs in
+tests/test_slurm.py."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+import pytest
+
+from orchestrator.backends.slurm import Hello
+from orchestrator.backends.slurm_commands import (
+    AllocationView,
+    SlurmState,
+    expand_nodelist,
+    refusal_key,
+    refusal_reason,
+    sbatch_argv,
+    slurm_seconds,
+    srun_argv,
+)
+from orchestrator.config import ClusterConfig, SlurmBackend, load_config
+from orchestrator.errors import ConfigError
+from orchestrator.group_control import step_problems
+from orchestrator.plan import StepTask, initial_hosts, step_plan, task_slots
+from worker.spec import HOST_PROTOCOL
+
+
+def slurm_config(tmp_path: Path, backend: str = "", extra: str = "") -> ClusterConfig:
+    text = f"""
+[job]
+name = "sl"
+shared_dir = "{tmp_path}/shared dir"
+
+[entrypoint]
+module = "worker.examples.digits"
+
+[backend]
+type = "slurm"
+nodes = 2
+{backend}
+{extra}
+"""
+    path = tmp_path / "c.toml"
+    path.write_text(text)
+    return load_config(path)
+
+
+def test_a_slurm_section_is_read_with_defaults(tmp_path: Path) -> None:
+    cfg = slurm_config(tmp_path, 'partition = "gpu"\ntasks_per_node = 4\ngres = "gpu:4"')
+    backend = cfg.backend
+    assert isinstance(backend, SlurmBackend)
+    assert (backend.partition, backend.nodes, backend.tasks_per_node) == ("gpu", 2, 4)
+    assert backend.requeue and backend.signal_before_end == 120 and backend.python == "python3"
+    assert initial_hosts(cfg) == (0, 1)
+    slots = task_slots(cfg)
+    assert [(s.host_index, s.slot) for s in slots] == [(n, s) for n in (0, 1) for s in range(4)]
+
+
+@pytest.mark.parametrize(
+    ("backend", "extra", "message"),
+    [
+        ('time = "ten minutes"', "", "backend.time"),
+        ('partition = "a b"', "", "backend.partition"),
+        ('gres = "gpu:"', "", "backend.gres"),
+        ("nodes_typo = 3", "", "backend.nodes_typo"),
+        ('sbatch_args = ["--nodes=4"]', "", "backend.sbatch_args[0]: '--nodes': use backend.nodes"),
+        ('sbatch_args = ["-p", "x"]', "", "backend.sbatch_args[0]: '-p': use backend.partition"),
+        ('sbatch_args = ["--wrap=x"]', "", "'--wrap': orchestrate sets it"),
+        ('sbatch_args = ["constraint=ib"]', "", "backend.sbatch_args[0]: 'constraint=ib' is not"),
+        ("signal_before_end = 5", "", "backend.signal_before_end"),
+        ("", "[ports]\nbase = 7000", "ports.base: the Slurm backend has each task pick"),
+        ("", "[restart]\nmin_workers = 1", "restart.min_workers: not on the Slurm backend"),
+    ],
+)
+def test_a_bad_slurm_section_is_one_line_naming_the_key(
+    tmp_path: Path, backend: str, extra: str, message: str
+) -> None:
+    with pytest.raises(ConfigError) as err:
+        slurm_config(tmp_path, backend, extra)
+    assert message in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("spelling", ["30", "30:00", "1:00:00", "2-0", "2-12:30", "1-0:0:5"])
+def test_slurm_time_spellings_are_accepted(tmp_path: Path, spelling: str) -> None:
+    cfg = slurm_config(tmp_path, f'time = "{spelling}"')
+    assert f"--time={spelling}" in sbatch_argv(cfg, "j", "/o", "/r")
+
+
+def test_the_sbatch_line_holds_the_allocation_and_asks_for_the_end_signal(tmp_path: Path) -> None:
+    cfg = slurm_config(
+        tmp_path,
+        'partition = "p"\naccount = "a"\nqos = "q"\ngres = "gpu:2"\nexclusive = true\n'
+        'time = "1:00:00"\nsbatch_args = ["--constraint=ib"]\nsignal_before_end = 90',
+    )
+    argv = sbatch_argv(cfg, "job-1", "/s/out-%j", "/s/it's released")
+    assert argv[:2] == ["sbatch", "--parsable"]
+    for flag in ("--nodes=2", "--ntasks-per-node=1", "--signal=TERM@90", "--requeue",
+                 "--partition=p", "--account=a", "--qos=q", "--gres=gpu:2", "--exclusive",
+                 "--time=1:00:00", "--constraint=ib", "--job-name=sl", "--output=/s/out-%j",
+                 f"--chdir={tmp_path}/shared dir"):  # fmt: skip
+        assert flag in argv, flag
+    # The batch script is a shell line: the release file's path is quoted once, there.
+    script = argv[argv.index("--wrap") + 1]
+    assert shlex.split(script)[-1] == "/s/it's released"
+    assert "--test-only" in sbatch_argv(cfg, "job-1", "/o", "/r", test_only=True)
+    plain = slurm_config(tmp_path, "requeue = false")
+    assert "--no-requeue" in sbatch_argv(plain, "j", "/o", "/r")
+    assert not any(a.startswith("--partition") for a in sbatch_argv(plain, "j", "/o", "/r"))
+
+
+def test_the_srun_line_starts_one_task_per_worker_in_the_allocation(tmp_path: Path) -> None:
+    cfg = slurm_config(tmp_path, "tasks_per_node = 2")
+    argv = srun_argv(cfg, "17", 3, "/s/attempt-3", "/s/tasks/%t/agent.log", "/venv/python")
+    assert argv[0] == "srun"
+    for flag in ("--jobid=17", "--nodes=2", "--ntasks=4", "--ntasks-per-node=2",
+                 "--distribution=block", "--kill-on-bad-exit=1",
+                 "--output=/s/tasks/%t/agent.log"):  # fmt: skip
+        assert flag in argv, flag
+    assert argv[-5:] == ["/venv/python", "-m", "worker.slurm_task", "/s/attempt-3", "3"]
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("0:34", 34), ("12:05", 725), ("1:00:00", 3600), ("2-03:04:05", 183845), ("1-0", 86400),
+     ("UNLIMITED", None), ("NOT_SET", None), ("", None), ("INVALID", None)],
+)  # fmt: skip
+def test_slurm_durations(text: str, seconds: float | None) -> None:
+    assert slurm_seconds(text) == seconds
+
+
+def test_node_lists_expand_in_order() -> None:
+    assert expand_nodelist("n[0-2]") == ["n0", "n1", "n2"]
+    assert expand_nodelist("gpu[08-10,12],login1") == ["gpu08", "gpu09", "gpu10", "gpu12", "login1"]
+    assert expand_nodelist("a1,b2") == ["a1", "b2"]
+
+
+def test_squeue_lines_and_states() -> None:
+    view = AllocationView.parse("PENDING|Priority|(null)|UNLIMITED\n")
+    assert view.state == SlurmState.PENDING and view.state.is_waiting()
+    assert view.describe() == "PENDING (Priority)" and view.time_left is None
+    running = AllocationView.parse("RUNNING|None|n[0-2]|4:10")
+    assert running.describe() == "RUNNING" and running.time_left == 250
+    assert SlurmState.parse("CANCELLED by 0").is_terminal()
+    assert SlurmState.parse("") == SlurmState.GONE and SlurmState.GONE.is_terminal()
+    assert SlurmState.parse("SOMETHING_NEW") == SlurmState.OTHER  # waited on, not an end
+    assert SlurmState.OTHER.is_waiting() and not SlurmState.OTHER.is_terminal()
+    assert not SlurmState.RUNNING.is_terminal() and not SlurmState.RUNNING.is_waiting()
+
+
+def test_sbatch_refusals_name_their_key() -> None:
+    stderr = (
+        "sbatch: error: invalid partition specified: nope\n"
+        "sbatch: error: Batch job submission failed: Invalid partition name specified\n"
+    )
+    reason = refusal_reason(stderr)
+    assert reason == "Invalid partition name specified"
+    assert refusal_key(reason) == "backend.partition"
+    assert refusal_key("Invalid account or account/partition combination") == "backend.account"
+    assert refusal_key("Requested node configuration is not available") == "backend.nodes"
+    assert refusal_key("Requested time limit is invalid (missing or exceeds some limit)") == (
+        "backend.time"
+    )
+    assert refusal_key("something else entirely") == "backend"
+
+
+def hello(procid: int, node: str, port: int, **overrides: object) -> Hello:
+    values: dict[str, object] = dict(
+        procid=procid, node=node, address=node, port=port, pid=100 + procid, step="0",
+        python="3.11.2", tensorflow="2.21.0", protocol=HOST_PROTOCOL, problems=(),
+    )  # fmt: skip
+    values.update(overrides)
+    return Hello(**values)  # type: ignore[arg-type]
+
+
+def test_a_step_plan_follows_the_tasks_in_procid_order() -> None:
+    tasks = [StepTask("n3", "n3", 4000), StepTask("n3", "n3", 4001), StepTask("n1", "10.0.0.1", 5)]
+    plan = step_plan("j", tasks)
+    assert [(t.index, t.host_index, t.host_label) for t in plan.tasks] == [
+        (0, 0, "n3"),
+        (1, 0, "n3"),
+        (2, 1, "n1"),
+    ]
+    assert plan.tf_config(2) == {
+        "cluster": {"worker": ["n3:4000", "n3:4001", "10.0.0.1:5"]},
+        "task": {"type": "worker", "index": 2},
+    }
+    with pytest.raises(ValueError, match="share an address"):
+        step_plan("j", [StepTask("n", "n", 1), StepTask("n", "n", 1)])
+
+
+def test_the_step_preflight_names_each_node_and_what_is_wrong() -> None:
+    assert step_problems([hello(0, "n0", 1), hello(1, "n1", 2)]) == ""
+    problems = step_problems(
+        [
+            hello(0, "n0", 1, problems=("shared_dir /s does not exist",)),
+            hello(1, "n1", 2, tensorflow=None),
+            hello(2, "n2", 3, protocol=1, tensorflow="2.20.0"),
+        ]
+    )
+    assert "n0: shared_dir /s does not exist" in problems
+    assert "n1: TensorFlow is not installed for the node's python (3.11.2)" in problems
+    assert "n2: its orchestrate worker package is another version (protocol 1" in problems
+    assert "TensorFlow differs: n0=2.21.0, n1=None, n2=2.20.0" in problems

@@ -1,0 +1,117 @@
+"""One task of an orchestrate Slurm step: `python -m worker.slurm_task STEP_DIR ATTEMPT`.
+
+The coordinator starts one `srun` step per attempt, one of these per task. Each one:
+
+1. runs the backend's `setup` commands (the node's first task only, when STEP_DIR/setup.json
+   exists),
+2. picks a port free on its own node and publishes itself as STEP_DIR/hello/PROCID.json: its
+   node, hostname, port, pid, and the probe's versions and problems,
+3. waits for the coordinator to write its spec (the shared directory's usual spec path, for
+   this attempt): the coordinator writes it once every task has said hello, with TF_CONFIG built
+   from all of them,
+4. becomes the task's agent (worker.agent) in this same process, so Slurm's own bookkeeping of
+   the task is the agent's.
+
+It exits 0 once the agent has written the task's final status (the status file says how the
+trainer ended), and non-zero only when it could not get that far: `srun --kill-on-bad-exit`
+then ends the whole step, which the coordinator sees at once. Standard library only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from worker.atomic import write_json_atomic
+from worker.probe import free_ports, probe
+from worker.spec import JobLayout, WorkerSpec
+
+SPEC_WAIT = 300.0  # seconds to wait for the coordinator's spec before giving up
+POLL = 0.05
+
+
+def hello_path(step_dir: Path, procid: int) -> Path:
+    return step_dir / "hello" / f"{procid}.json"
+
+
+def run_setup(step_dir: Path) -> list[str]:
+    """The setup commands (argv lists), in order; the problems met, if any."""
+    try:
+        commands = json.loads((step_dir / "setup.json").read_text())
+    except FileNotFoundError:
+        return []
+    for argv in commands:
+        try:
+            done = subprocess.run(argv, capture_output=True, timeout=600, check=False)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return [f"setup {argv!r} failed: {exc}"]
+        if done.returncode != 0:
+            tail = (done.stderr or done.stdout).decode(errors="replace").strip()
+            last = " | ".join(tail.splitlines()[-2:])
+            return [f"setup {argv!r} exited {done.returncode}: {last}"]
+    return []
+
+
+def say_hello(step_dir: Path, shared_dir: str, procid: int, problems: list[str]) -> int:
+    """Publish this task (a port picked free on this node, just now); return the port."""
+    report = probe(shared_dir, 0, None, "")
+    port = free_ports(1)[0]
+    hello = {
+        "procid": procid,
+        "node": os.environ.get("SLURMD_NODENAME") or socket.gethostname(),
+        "address": socket.gethostname(),
+        "port": port,
+        "pid": os.getpid(),
+        "step": os.environ.get("SLURM_STEP_ID", ""),
+        "python": report["python"],
+        "tensorflow": report["tensorflow"],
+        "protocol": report["protocol"],
+        "problems": [*report["problems"], *problems],  # type: ignore[misc]
+    }
+    write_json_atomic(hello_path(step_dir, procid), hello)
+    return port
+
+
+def wait_for_spec(path: Path, attempt: int, timeout: float) -> WorkerSpec | None:
+    """This attempt's spec, once the coordinator wrote it (an older one may be there)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            spec = WorkerSpec.from_json(path.read_bytes())
+        except (OSError, ValueError):
+            spec = None
+        if spec is not None and spec.attempt == attempt:
+            return spec
+        time.sleep(POLL)
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2:
+        print("usage: python -m worker.slurm_task STEP_DIR ATTEMPT", file=sys.stderr)
+        return 2
+    step_dir, attempt = Path(args[0]), int(args[1])
+    procid = int(os.environ["SLURM_PROCID"])
+    # STEP_DIR is SHARED/JOB/slurm/attempt-N: the job's layout is two levels up.
+    job_root = step_dir.parent.parent
+    layout = JobLayout(job_root.parent.as_posix(), job_root.name)
+    problems = run_setup(step_dir) if os.environ.get("SLURM_LOCALID", "0") == "0" else []
+    say_hello(step_dir, job_root.parent.as_posix(), procid, problems)
+    spec = wait_for_spec(Path(layout.spec_path(procid)), attempt, SPEC_WAIT)
+    if spec is None:
+        print(f"[orchestrate] no spec for attempt {attempt} after {SPEC_WAIT:g}s", file=sys.stderr)
+        return 3
+    from worker.agent import Agent  # imported late: signals stay Slurm's until the agent runs
+
+    Agent(spec).run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
