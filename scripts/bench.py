@@ -22,6 +22,8 @@ root for the namespaced test bed; without it they are reported as skipped, with 
 | P9b | the same cost in one process: fit calls alternating | fit without our callbacks |
 | P10 | a host's link down -> group stopping, 3 SSH hosts | TensorFlow's own: a survivor exits |
 | P11 | a host's link down -> training resumed on a spare | the same TensorFlow failure time |
+| P12 | Slurm: trainer SIGKILLed -> resumed, a new step in the allocation | cold start, sbatch |
+| P13 | Slurm: `launch` to every task's first epoch done | sbatch + srun by hand |
 """
 
 from __future__ import annotations
@@ -51,6 +53,8 @@ from bench_measure import (  # noqa: E402
     raw_run,
 )
 from bench_rows import Row, draw_chart, render_table  # noqa: E402
+from bench_slurm import rows as slurm_row_defs  # noqa: E402
+from bench_slurm import slurm_rows  # noqa: E402
 
 
 def run_suite(quick: bool) -> list[Row]:
@@ -139,6 +143,7 @@ def run_suite(quick: bool) -> list[Row]:
         ),
     }
     rows["P10"], rows["P11"] = host_loss_row_defs()
+    rows["P12"], rows["P13"] = slurm_row_defs()
     with tempfile.TemporaryDirectory(prefix="orch-bench-") as tmp:
         root = Path(tmp)
         (root / "shared").mkdir()
@@ -192,6 +197,8 @@ def run_suite(quick: bool) -> list[Row]:
         # Resumed on a spare: the loss noticed (P10's target), then a cold start (P5's slack).
         rows["P11"].target_value = 5.0 + p2 + 3.0
         rows["P11"].target = f"<= 5 s + P2 + 3 s = {5.0 + p2 + 3.0:.1f} s"
+        print("P12/P13 the Slurm test bed ...", flush=True)
+        slurm_rows(root, 1 if quick else 2, rows["P12"], rows["P13"])
     return list(rows.values())
 
 

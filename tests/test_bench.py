@@ -36,7 +36,23 @@ def test_quick_benchmark_produces_every_row(tmp_path: Path) -> None:
     data = json.loads((out / "results.json").read_text())
     rows = {row["id"]: row for row in data["rows"]}
     assert set(rows) == {
-        *("P1", "P2", "P3", "P4", "P5", "P6", "P7a", "P7b", "P8", "P9", "P9b", "P10", "P11")
+        *(
+            "P1",
+            "P2",
+            "P3",
+            "P4",
+            "P5",
+            "P6",
+            "P7a",
+            "P7b",
+            "P8",
+            "P9",
+            "P9b",
+            "P10",
+            "P11",
+            "P12",
+            "P13",
+        )
     }
     for row in rows.values():
         if row["skipped"]:
@@ -44,7 +60,7 @@ def test_quick_benchmark_produces_every_row(tmp_path: Path) -> None:
             continue
         assert row["value"] is not None and row["value"] > 0, row
         assert row["met"] in (True, False), row
-    for row_id in ("P1", "P2", "P3", "P4", "P9", "P9b", "P10"):
+    for row_id in ("P1", "P2", "P3", "P4", "P9", "P9b", "P10", "P12", "P13"):
         if not rows[row_id]["skipped"]:
             assert rows[row_id]["base"] and rows[row_id]["ratio"], rows[row_id]
     assert (out / "results.png").stat().st_size > 10_000

@@ -46,6 +46,11 @@ SLURM_TIMEOUT = 30.0  # seconds for one Slurm command
 HELLO_TIMEOUT = 120.0  # seconds for every task of a step to introduce itself
 STEP_LOOKUP_INTERVAL = 1.0  # squeue at most this often for an adopted step
 RELEASE_WAIT = 10.0  # seconds for the hold script to see the release file before scancel
+# squeue while the allocation waits: every 0.2 s for the first 10 s (a free cluster allocates
+# within its scheduler's interval), then less often, up to every 5 s (a queue can take hours;
+# each poll is an RPC to slurmctld).
+QUEUE_POLL = (0.2, 5.0)
+QUEUE_POLL_EAGER = 10.0
 
 
 class AllocationEnded(OrchestrateError):
@@ -356,6 +361,7 @@ class SlurmHosts:
             submitted(self.allocation.id)
             say(f"submitted Slurm job {self.allocation.id}")
         allocation, said = self.allocation, ""
+        pause, waiting_since = QUEUE_POLL[0], time.monotonic()
         while True:
             view = allocation.view()
             left = view.time_left
@@ -378,8 +384,10 @@ class SlurmHosts:
             if text != said:
                 say(text)
                 said = text
-            if stop_requested.wait(1.0):
+            if stop_requested.wait(pause):
                 return False
+            if time.monotonic() - waiting_since > QUEUE_POLL_EAGER:
+                pause = min(pause * 1.5, QUEUE_POLL[1])
 
     def start_step(
         self, config: ClusterConfig, job_id: str, layout: JobLayout, attempt: int
