@@ -32,6 +32,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import netns  # noqa: E402
+
 STATE_FILE = "slurmbed.json"
 PARTITION = "debug"
 CONTROLLER = "ctl"
@@ -87,19 +91,6 @@ def missing_requirements() -> str | None:
 
 def _tool(name: str) -> str:
     return shutil.which(name) or f"/usr/sbin/{name}"
-
-
-def _ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
-
-
-def _free_subnet() -> str:
-    routes = subprocess.run(["ip", "-4", "route"], capture_output=True, text=True).stdout
-    for _ in range(100):
-        subnet = f"10.232.{secrets.randbelow(254) + 1}"
-        if f"{subnet}." not in routes:
-            return subnet
-    raise RuntimeError("no free 10.232.x.0/24 subnet")
 
 
 def _free_port(address: str) -> int:
@@ -159,16 +150,14 @@ def up(count: int, root: Path, epochs: int = 4) -> SlurmBed:
         (root / sub).mkdir(parents=True, exist_ok=True)
     root.chmod(0o755)
     token = secrets.token_hex(3)
-    subnet = _free_subnet()
+    subnet = netns.free_subnet("10.232")
     gateway = f"{subnet}.1"
     bridge = f"sb{token}"
     state: dict[str, object] = {"root": str(root), "bridge": bridge, "nodes": [], "pids": []}
     _save_partial(root, state)
     try:
         munged_pid = _start_munge(root, state)
-        _ip("link", "add", bridge, "type", "bridge")
-        _ip("addr", "add", f"{gateway}/24", "dev", bridge)
-        _ip("link", "set", bridge, "up")
+        netns.add_bridge(bridge, gateway)
         nodes: list[SlurmNode] = []
         names = [f"n{i}" for i in range(count)]
         addresses = [f"{subnet}.{10 + i}" for i in range(count)]
@@ -207,17 +196,10 @@ def up(count: int, root: Path, epochs: int = 4) -> SlurmBed:
         for i, (name, address) in enumerate(zip(names, addresses, strict=True)):
             namespace = f"slb{token}{name}"
             veth, peer = f"sv{token}{i}", f"sp{token}{i}"
-            _ip("netns", "add", namespace)
+            netns.ip("netns", "add", namespace)
             state["nodes"].append({"namespace": namespace})  # type: ignore[attr-defined]
             _save_partial(root, state)
-            _ip("link", "add", veth, "type", "veth", "peer", "name", peer)
-            _ip("link", "set", peer, "netns", namespace)
-            _ip("link", "set", veth, "master", bridge)
-            _ip("link", "set", veth, "up")
-            _ip("-n", namespace, "link", "set", "lo", "up")
-            _ip("-n", namespace, "link", "set", peer, "name", "eth0")
-            _ip("-n", namespace, "addr", "add", f"{address}/24", "dev", "eth0")
-            _ip("-n", namespace, "link", "set", "eth0", "up")
+            netns.wire(namespace, bridge, veth, peer, address)
             # nsenter (not `ip netns exec`, which remounts /sys and hides the cgroup tree
             # slurmd reads), a hostname of its own, and the bed's hosts file over /etc/hosts.
             pid = _spawn(
@@ -329,23 +311,6 @@ def _save_partial(root: Path, state: dict[str, object]) -> None:
     (root / (STATE_FILE + ".partial")).write_text(json.dumps(state))
 
 
-def _kill_namespace_processes(namespace: str) -> None:
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        out = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True, text=True)
-        pids = [int(p) for p in out.stdout.split()]
-        if not pids:
-            return
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, sig)
-        deadline = time.monotonic() + 3
-        while time.monotonic() < deadline:
-            out = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True, text=True)
-            if not out.stdout.split():
-                return
-            time.sleep(0.05)
-
-
 def _stop_pid(pid: int) -> None:
     for sig in (signal.SIGTERM, signal.SIGKILL):
         with contextlib.suppress(ProcessLookupError):
@@ -371,16 +336,14 @@ def down(root: Path) -> None:
     if not path.exists():
         return
     state = json.loads(path.read_text())
-    for node in state.get("nodes", []):
-        _kill_namespace_processes(node["namespace"])
-        subprocess.run(["ip", "netns", "del", node["namespace"]], capture_output=True)
+    # Every process in the namespaces is slurmd or a job it started.
+    netns.remove([node["namespace"] for node in state.get("nodes", [])], None)
     pids = state.get("pids") or [state.get("slurmctld_pid"), state.get("munged_pid")]
     if "slurmctld_pid" in state:
         pids = [state["slurmctld_pid"], state["munged_pid"]]
     for pid in reversed([p for p in pids if p]):
         _stop_pid(int(pid))
-    if state.get("bridge"):
-        subprocess.run(["ip", "link", "del", state["bridge"]], capture_output=True)
+    netns.remove([], state.get("bridge"))
     for name in (STATE_FILE, STATE_FILE + ".partial"):
         (root / name).unlink(missing_ok=True)
 

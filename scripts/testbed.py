@@ -16,12 +16,10 @@ goes only to the addresses it creates.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import secrets
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -30,6 +28,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import netns  # noqa: E402
+
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 STATE_FILE = "testbed.json"
 
@@ -78,19 +80,6 @@ def missing_requirements() -> str | None:
         return f"cannot create a network namespace: {made.stderr.strip()}"
     subprocess.run(["ip", "netns", "del", probe], capture_output=True)
     return None
-
-
-def _ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
-
-
-def _free_subnet() -> str:
-    routes = subprocess.run(["ip", "-4", "route"], capture_output=True, text=True).stdout
-    for _ in range(100):
-        subnet = f"10.231.{secrets.randbelow(254) + 1}"
-        if f"{subnet}." not in routes:
-            return subnet
-    raise RuntimeError("no free 10.231.x.0/24 subnet")
 
 
 def _wait_port(address: str, port: int, timeout: float) -> None:
@@ -145,7 +134,7 @@ def up(count: int, root: Path, epochs: int = 8) -> Testbed:
     root.mkdir(parents=True, exist_ok=True)
     Path("/run/sshd").mkdir(parents=True, exist_ok=True)
     token = secrets.token_hex(3)
-    subnet = _free_subnet()
+    subnet = netns.free_subnet("10.231")
     gateway = f"{subnet}.1"
     bridge = f"ob{token}"
     hosts: list[TestHost] = []
@@ -153,9 +142,7 @@ def up(count: int, root: Path, epochs: int = 8) -> Testbed:
     # Record progress as we go, so `down` can undo a half-built bed.
     _save_partial(root, state)
     try:
-        _ip("link", "add", bridge, "type", "bridge")
-        _ip("addr", "add", f"{gateway}/24", "dev", bridge)
-        _ip("link", "set", bridge, "up")
+        netns.add_bridge(bridge, gateway)
         identity = root / "id_ed25519"
         client_pub = _keygen(identity, "orchestrate-testbed")
         (root / "authorized_keys").write_text(client_pub + "\n")
@@ -167,17 +154,10 @@ def up(count: int, root: Path, epochs: int = 8) -> Testbed:
             veth, peer = f"ov{token}{i}", f"on{token}{i}"
             host_dir = root / "hosts" / name
             host_dir.mkdir(parents=True, exist_ok=True)
-            _ip("netns", "add", namespace)
+            netns.ip("netns", "add", namespace)
             hosts.append(TestHost(name, namespace, address, veth, 0, str(host_dir)))
             _save_partial(root, state)
-            _ip("link", "add", veth, "type", "veth", "peer", "name", peer)
-            _ip("link", "set", peer, "netns", namespace)
-            _ip("link", "set", veth, "master", bridge)
-            _ip("link", "set", veth, "up")
-            _ip("-n", namespace, "link", "set", "lo", "up")
-            _ip("-n", namespace, "link", "set", peer, "name", "eth0")
-            _ip("-n", namespace, "addr", "add", f"{address}/24", "dev", "eth0")
-            _ip("-n", namespace, "link", "set", "eth0", "up")
+            netns.wire(namespace, bridge, veth, peer, address)
             host_key = host_dir / "ssh_host_ed25519_key"
             host_pub = _keygen(host_key, name)
             known_lines.append(f"{address} {' '.join(host_pub.split()[:2])}")
@@ -254,23 +234,6 @@ def _is_our_process(pid: int, namespace: str) -> bool:
     return str(pid) in out.stdout.split()
 
 
-def _kill_namespace_processes(namespace: str) -> None:
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        out = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True, text=True)
-        pids = [int(p) for p in out.stdout.split()]
-        if not pids:
-            return
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, sig)
-        deadline = time.monotonic() + 3
-        while time.monotonic() < deadline:
-            out = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True, text=True)
-            if not out.stdout.split():
-                return
-            time.sleep(0.05)
-
-
 def down(root: Path) -> None:
     """Tear down everything `up` made under root: processes in the namespaces, namespaces,
     bridge. Safe to call twice, and on a half-built bed."""
@@ -280,12 +243,8 @@ def down(root: Path) -> None:
     if not state_path.exists():
         return
     state = json.loads(state_path.read_text())
-    for host in state["hosts"]:
-        namespace = host["namespace"]
-        # Every process in the namespace was started by this test bed (sshd) or through it.
-        _kill_namespace_processes(namespace)
-        subprocess.run(["ip", "netns", "del", namespace], capture_output=True)
-    subprocess.run(["ip", "link", "del", state["bridge"]], capture_output=True)
+    # Every process in the namespaces was started by this test bed (sshd) or through it.
+    netns.remove([host["namespace"] for host in state["hosts"]], state["bridge"])
     for name in (STATE_FILE, STATE_FILE + ".partial"):
         (root / name).unlink(missing_ok=True)
 
