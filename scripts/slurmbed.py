@@ -338,10 +338,12 @@ def down(root: Path) -> None:
     state = json.loads(path.read_text())
     # Every process in the namespaces is slurmd or a job it started.
     netns.remove([node["namespace"] for node in state.get("nodes", [])], None)
-    pids = state.get("pids") or [state.get("slurmctld_pid"), state.get("munged_pid")]
+    # slurmctld, then munged (a half-built bed recorded them as [munged, slurmctld]).
     if "slurmctld_pid" in state:
         pids = [state["slurmctld_pid"], state["munged_pid"]]
-    for pid in reversed([p for p in pids if p]):
+    else:
+        pids = list(reversed(state.get("pids", [])))
+    for pid in pids:
         _stop_pid(int(pid))
     netns.remove([], state.get("bridge"))
     for name in (STATE_FILE, STATE_FILE + ".partial"):
