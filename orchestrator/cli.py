@@ -96,7 +96,7 @@ def launch(
     from orchestrator.jobs import register_job
 
     if isinstance(cfg.backend, SlurmBackend):  # Slurm's verdict first: nothing registered
-        from orchestrator.backends.slurm import check_submission
+        from orchestrator.backends.slurm_allocation import check_submission
 
         check_submission(cfg, str(config))
     store = Store()

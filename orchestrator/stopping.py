@@ -91,7 +91,7 @@ def stop_without_supervisor(store: Store, job: JobRecord, cfg: ClusterConfig) ->
 def _cancel_allocation(job: JobRecord, grace: float) -> StopReport:
     """Slurm: scancel the job's allocation (every step, every node) and wait until Slurm says
     it ended."""
-    from orchestrator.backends.slurm import Allocation
+    from orchestrator.backends.slurm_allocation import Allocation
 
     if not job.scheduler_job:  # never submitted: nothing runs
         return StopReport({}, {})

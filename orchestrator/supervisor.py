@@ -20,7 +20,8 @@ import time
 from types import FrameType
 
 from orchestrator.backends import Backend, open_backend
-from orchestrator.backends.slurm import AllocationEnded, SlurmHosts
+from orchestrator.backends.slurm import SlurmHosts
+from orchestrator.backends.slurm_allocation import AllocationEnded
 from orchestrator.config import ClusterConfig
 from orchestrator.errors import OrchestrateError
 from orchestrator.group_control import BROKEN_GROUP_GRACE, GroupControl
