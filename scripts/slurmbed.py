@@ -38,6 +38,7 @@ import netns  # noqa: E402
 
 STATE_FILE = "slurmbed.json"
 PARTITION = "debug"
+URGENT = "urgent"  # a partition whose jobs preempt the default partition's
 CONTROLLER = "ctl"
 
 
@@ -132,8 +133,13 @@ KillWait=5
 MinJobAge=300
 SchedulerParameters=sched_interval=2
 JobRequeue=1
+# A job in the "urgent" partition preempts one in the default partition: Slurm signals it,
+# waits GraceTime, and requeues it.
+PreemptType=preempt/partition_prio
+PreemptMode=REQUEUE
 {nodes}
-PartitionName={partition} Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
+PartitionName={partition} Nodes=ALL Default=YES State=UP PriorityTier=1 GraceTime=30
+PartitionName={urgent} Nodes=ALL State=UP PriorityTier=10 PreemptMode=OFF
 """
 
 
@@ -179,6 +185,7 @@ def up(count: int, root: Path, epochs: int = 4) -> SlurmBed:
                 munge_socket=root / "munge" / "munge.socket",
                 root=root,
                 partition=PARTITION,
+                urgent=URGENT,
                 nodes="\n".join(
                     f"NodeName={n} NodeAddr={a} NodeHostname={n} CPUs={cpus} State=UNKNOWN"
                     for n, a in zip(names, addresses, strict=True)
@@ -269,8 +276,9 @@ def _wait_idle(env: dict[str, str], count: int, timeout: float) -> None:
             ["sinfo", "-h", "-N", "-o", "%N %t"], capture_output=True, text=True, env=env
         )
         last = (out.stdout + out.stderr).strip()
-        states = [line.split()[-1] for line in out.stdout.splitlines() if line.strip()]
-        if len(states) == count and all(s == "idle" for s in states):
+        # A node in two partitions is listed twice.
+        states = dict(line.split() for line in out.stdout.splitlines() if len(line.split()) == 2)
+        if len(states) == count and all(s == "idle" for s in states.values()):
             return
         time.sleep(0.05)
     raise RuntimeError(f"the Slurm nodes did not come up idle: {last}")

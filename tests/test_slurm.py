@@ -244,6 +244,32 @@ def test_the_end_of_the_time_limit_checkpoints_then_requeues_and_resumes(
     no_leftovers(job_id)
 
 
+def test_a_preemption_by_slurm_checkpoints_then_requeues_and_resumes(
+    slurm: slurmbed.SlurmBed, cli: Callable[..., CliResult], tmp_path: Path, reap_pids: list[int]
+) -> None:
+    path = slurm_toml(tmp_path, epochs=8)
+    job_id = launch_detached(cli, path, reap_pids)
+    running: Any = wait_for(lambda: tasks_at_epoch(cli, job_id, 2), 120, interval=0.3)
+    slurm_job = running["slurm_job"]
+    # A job in the higher-priority partition wants every node: Slurm preempts ours (SIGTERM,
+    # GraceTime, requeue; PreemptMode=REQUEUE on the test bed).
+    urgent = subprocess.run(
+        ["sbatch", "--parsable", "-p", slurmbed.URGENT, "-N3", "--exclusive", "--wrap", "sleep 1"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    job = wait_for_end(cli, job_id, timeout=240)
+    text = events(cli, job_id)
+    assert job["state"] == "succeeded", text
+    assert job["slurm_job"] == slurm_job
+    assert job["preemptions"] == 1 and job["restarts"] == 1, text  # not counted
+    # Our trainers checkpointed on Slurm's SIGTERM; the coordinator requeued at once rather than
+    # start a step in an allocation that is going away.
+    assert f"Slurm job {slurm_job} requeued: is being preempted" in text
+    assert slurm_state(urgent) == "COMPLETED"
+    assert all(t["initial_epoch"] >= 2 for t in job["tasks"]), job["tasks"]
+    no_leftovers(job_id)
+
+
 def test_a_partition_that_does_not_exist_is_one_line_and_nothing_is_submitted(
     slurm: slurmbed.SlurmBed, cli: Callable[..., CliResult], tmp_path: Path
 ) -> None:

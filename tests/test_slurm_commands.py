@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import shlex
 from pathlib import Path
+from threading import Event
 
 import pytest
 
-from orchestrator.backends.slurm import Hello
+from orchestrator.backends.slurm import Hello, SlurmHosts
+from orchestrator.backends.slurm_allocation import AllocationEnded
 from orchestrator.backends.slurm_commands import (
     AllocationView,
     SlurmState,
@@ -24,7 +26,7 @@ from orchestrator.config import ClusterConfig, SlurmBackend, load_config
 from orchestrator.errors import ConfigError
 from orchestrator.group_control import step_problems
 from orchestrator.plan import StepTask, initial_hosts, step_plan, task_slots
-from worker.spec import HOST_PROTOCOL
+from worker.spec import HOST_PROTOCOL, JobLayout
 
 
 def slurm_config(tmp_path: Path, backend: str = "", extra: str = "") -> ClusterConfig:
@@ -204,3 +206,76 @@ def test_the_step_preflight_names_each_node_and_what_is_wrong() -> None:
     assert "n1: TensorFlow is not installed for the node's python (3.11.2)" in problems
     assert "n2: its orchestrate worker package is another version (protocol 1" in problems
     assert "TensorFlow differs: n0=2.21.0, n1=None, n2=2.20.0" in problems
+
+
+class ScriptedAllocation:
+    """An allocation whose squeue answers are scripted: the requeue decision without Slurm."""
+
+    def __init__(self, views: list[AllocationView], preempting: bool = False) -> None:
+        self.id = "7"
+        self.views = views
+        self.preempted = preempting
+        self.requeues = 0
+
+    def view(self) -> AllocationView:
+        return self.views.pop(0) if len(self.views) > 1 else self.views[0]
+
+    def preempting(self) -> bool:
+        return self.preempted
+
+    def requeue(self) -> None:
+        self.requeues += 1
+        self.preempted = False
+
+
+def ensure(
+    tmp_path: Path, allocation: ScriptedAllocation, attempt: int, backend: str = ""
+) -> list[str]:
+    cfg = slurm_config(tmp_path, backend)
+    assert isinstance(cfg.backend, SlurmBackend)
+    hosts = SlurmHosts(cfg.backend)
+    hosts.allocation = allocation  # type: ignore[assignment]
+    said: list[str] = []
+    layout = JobLayout(str(tmp_path), "job")
+    assert hosts.ensure_running(cfg, "job", layout, attempt, said.append, said.append, Event())
+    return said
+
+
+RUNNING_LONG = AllocationView(SlurmState.RUNNING, time_left=3600.0)
+RUNNING_ENDING = AllocationView(SlurmState.RUNNING, time_left=40.0)
+QUEUED = AllocationView(SlurmState.PENDING, "BeginTime")
+
+
+def test_a_restart_runs_in_the_allocation_while_it_has_time(tmp_path: Path) -> None:
+    allocation = ScriptedAllocation([RUNNING_LONG])
+    assert ensure(tmp_path, allocation, attempt=1) == []
+    assert allocation.requeues == 0
+
+
+def test_a_restart_near_the_time_limit_requeues_first_and_waits(tmp_path: Path) -> None:
+    allocation = ScriptedAllocation([RUNNING_ENDING, QUEUED, RUNNING_LONG])
+    said = ensure(tmp_path, allocation, attempt=1)
+    assert allocation.requeues == 1
+    assert said == [
+        "Slurm job 7 requeued: 40s left of its time limit",
+        "Slurm job 7: PENDING (BeginTime)",
+    ]
+    # The first attempt never requeues: its allocation has just started.
+    assert ensure(tmp_path, ScriptedAllocation([RUNNING_ENDING]), attempt=0) == []
+
+
+def test_a_restart_in_an_allocation_being_preempted_requeues_at_once(tmp_path: Path) -> None:
+    allocation = ScriptedAllocation([RUNNING_LONG, QUEUED, RUNNING_LONG], preempting=True)
+    said = ensure(tmp_path, allocation, attempt=2)
+    assert allocation.requeues == 1
+    assert said[0] == "Slurm job 7 requeued: is being preempted"
+
+
+def test_without_requeue_an_ending_allocation_ends_the_job(tmp_path: Path) -> None:
+    with pytest.raises(
+        AllocationEnded, match=r"40s left of its time limit and backend\.requeue = false"
+    ):
+        ensure(tmp_path, ScriptedAllocation([RUNNING_ENDING]), attempt=1, backend="requeue = false")
+    ended = ScriptedAllocation([AllocationView(SlurmState.TIMEOUT)])
+    with pytest.raises(AllocationEnded, match="Slurm job 7 ended: TIMEOUT"):
+        ensure(tmp_path, ended, attempt=1)

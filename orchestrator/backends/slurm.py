@@ -236,16 +236,18 @@ class SlurmHosts:
             view = allocation.view()
             left = view.time_left
             if view.state == SlurmState.RUNNING:
-                if attempt == 0 or left is None or left > self.config.signal_before_end:
+                ending = self._ending(allocation, attempt, left)
+                if not ending:
                     return True
                 if not self.config.requeue:
                     raise AllocationEnded(
-                        f"Slurm job {allocation.id} ends in {left:.0f}s (its time limit) and "
-                        "backend.requeue = false"
+                        f"Slurm job {allocation.id} {ending} and backend.requeue = false"
                     )
+                # The tasks have checkpointed: back in the queue now, rather than start a step
+                # that the time limit or the preemption would end.
                 allocation.requeue()
                 self.fresh_run = True
-                say(f"Slurm job {allocation.id} requeued: {left:.0f}s left of its time limit")
+                say(f"Slurm job {allocation.id} requeued: {ending}")
                 continue
             if view.state.is_terminal():
                 raise AllocationEnded(f"Slurm job {allocation.id} ended: {view.state.value}")
@@ -258,6 +260,17 @@ class SlurmHosts:
                 return False
             if time.monotonic() - waiting_since > QUEUE_POLL_EAGER:
                 pause = min(pause * 1.5, QUEUE_POLL[1])
+
+    def _ending(self, allocation: Allocation, attempt: int, left: float | None) -> str:
+        """Why a running allocation is no place for a restart ("": it is): less than
+        signal_before_end left of its time limit, or Slurm preempting it."""
+        if attempt == 0:
+            return ""
+        if left is not None and left <= self.config.signal_before_end:
+            return f"{left:.0f}s left of its time limit"
+        if allocation.preempting():
+            return "is being preempted"
+        return ""
 
     def start_step(
         self, config: ClusterConfig, job_id: str, layout: JobLayout, attempt: int

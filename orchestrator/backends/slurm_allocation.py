@@ -80,6 +80,15 @@ class Allocation:
             return AllocationView(SlurmState.OTHER, one_line(shown.stderr))
         return AllocationView(self.final_state())
 
+    def preempting(self) -> bool:
+        """Whether Slurm has chosen the job for preemption (its PreemptTime is set): it stays
+        RUNNING through the partition's GraceTime, then is requeued or cancelled."""
+        shown = run_slurm(["scontrol", "show", "job", "-o", self.id])
+        for item in shown.stdout.split():
+            if item.startswith("PreemptTime="):
+                return item.removeprefix("PreemptTime=") not in ("", "None", "Unknown")
+        return False
+
     def final_state(self) -> SlurmState:
         """How the job ended, from accounting, else from the job completion log (sacct -c):
         Slurm forgets a job past MinJobAge, our store does not."""
