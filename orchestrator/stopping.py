@@ -51,7 +51,9 @@ def stop_without_supervisor(store: Store, job: JobRecord, cfg: ClusterConfig) ->
     from orchestrator.launcher import AGENT_STOP_MARGIN, host_labels
 
     grace = cfg.supervision.stop_grace + AGENT_STOP_MARGIN
-    if cfg.backend.type == "slurm":
+    from orchestrator.config import SlurmBackend
+
+    if isinstance(cfg.backend, SlurmBackend):
         report = _cancel_allocation(job, grace)  # one allocation: all confirmed, or none
         unconfirmed = set() if report.confirmed else {t.host_index for t in store.tasks(job.id)}
     else:
