@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from orchestrator.console import console_sink, detach_progress
 from orchestrator.errors import OrchestrateError, UsageError, exit_code_for
 from orchestrator.jobs import (
     failing_job_on_error,
@@ -32,7 +33,7 @@ from orchestrator.paths import (
 )
 from orchestrator.states import JobState, TaskState
 from orchestrator.store import JobRecord, Store
-from orchestrator.views import job_view, render_report, render_status
+from orchestrator.views import render_report, status_text
 
 if TYPE_CHECKING:
     from orchestrator.config import ClusterConfig
@@ -53,6 +54,10 @@ DetachOpt = Annotated[
 VerboseOpt = Annotated[
     bool, typer.Option("--verbose", "-v", help="Show TensorFlow's C++ notices too.")
 ]
+PlainOpt = Annotated[
+    bool,
+    typer.Option("--plain", help="Prefixed lines only, no live panel (as off a terminal)."),
+]
 
 
 def _echo(text: str = "") -> None:
@@ -64,14 +69,27 @@ def validate(config: ConfigArg) -> None:
     """Check a cluster.toml without starting anything."""
     from orchestrator.config import load_config
     from orchestrator.plan import dry_run_plan
+    from orchestrator.views import plan_size
 
     cfg = load_config(config)
     plan = dry_run_plan(cfg)
-    hosts = len({t.host_index for t in plan.tasks})
-    _echo(
-        f"{config}: ok: job {cfg.job.name!r}, {cfg.backend.type} backend, "
-        f"{len(plan.tasks)} task(s) on {hosts} host(s)"
-    )
+    _echo(f"{config}: ok: job {cfg.job.name!r}, {cfg.backend.type} backend, {plan_size(cfg, plan)}")
+
+
+@app.command()
+def check(config: ConfigArg) -> None:
+    """Preflight every host and try every task port from every host; starts nothing. Prints a
+    host-by-host grid, the failing pairs and each host's interface; exit 1 if a pair fails."""
+    from orchestrator.cluster_check import run_check
+    from orchestrator.config import load_config
+    from orchestrator.errors import PreflightError
+    from orchestrator.port_check import render, summary
+
+    result = run_check(load_config(config))
+    _echo(render(result))
+    if not result.ok:
+        sys.stdout.flush()  # the grid before the one-line summary on stderr
+        raise PreflightError(summary(result))
 
 
 @app.command()
@@ -82,6 +100,10 @@ def launch(
         bool, typer.Option("--dry-run", help="Print the plan and each TF_CONFIG; start nothing.")
     ] = False,
     verbose: VerboseOpt = False,
+    plain: PlainOpt = False,
+    force: Annotated[
+        bool, typer.Option("--force", help="Use GPUs that other programs' processes hold.")
+    ] = False,
 ) -> None:
     """Validate, preflight every host, start one agent per task, and supervise the job."""
     from orchestrator.config import load_config
@@ -100,15 +122,16 @@ def launch(
 
         check_submission(cfg, str(config))
     store = Store()
-    job = register_job(store, cfg, str(config))
+    job = register_job(store, cfg, str(config), force=force)
     if detach:
         from orchestrator.jobs import start_detached_supervisor
 
-        current, pid = start_detached_supervisor(store, job)
+        with detach_progress(store, plain) as panel:
+            current, pid = start_detached_supervisor(store, job, panel)
         _echo(f"job {job.id} {current.state.value} (supervisor pid {pid})")
         _echo(f"  orchestrate status {job.id}   orchestrate logs {job.id} --follow")
         return
-    _supervise(store, job, lambda: cfg, verbose)
+    _supervise(store, job, lambda: cfg, verbose, plain=plain)
 
 
 def _supervise(
@@ -117,15 +140,15 @@ def _supervise(
     config: Callable[[], ClusterConfig],
     verbose: bool,
     adopt: bool = False,
+    plain: bool = True,
 ) -> None:
     """Run (or adopt) a job's supervision in this process to the end; exit 1 unless it
     succeeded. Whatever fails before supervision starts ends the job FAILED with its cause."""
-    from orchestrator.logstream import LineSink
     from orchestrator.supervisor import Supervisor
 
     with failing_job_on_error(store, job.id):
         cfg = config()
-        sink = LineSink(log_copies_dir(job.id), sys.stdout, verbose)
+        sink = console_sink(log_copies_dir(job.id), store.path, job.id, verbose, plain)
         supervisor = Supervisor(store, job, cfg, sink)
     supervisor.install_signal_handlers()
     state = supervisor.adopt() if adopt else supervisor.run()
@@ -199,6 +222,7 @@ def resume(
     job_ref: JobArg,
     detach: DetachOpt = False,
     verbose: VerboseOpt = False,
+    plain: PlainOpt = False,
 ) -> None:
     """Continue a failed or stopped job: same id, next attempt, same checkpoints, a fresh
     restart budget."""
@@ -211,10 +235,11 @@ def resume(
     if detach:
         from orchestrator.jobs import start_detached_supervisor
 
-        current, pid = start_detached_supervisor(store, job)
+        with detach_progress(store, plain) as panel:
+            current, pid = start_detached_supervisor(store, job, panel)
         _echo(f"job {job.id} {current.state.value} (supervisor pid {pid})")
         return
-    _supervise(store, job, lambda: cfg, verbose)
+    _supervise(store, job, lambda: cfg, verbose, plain=plain)
 
 
 @app.command(hidden=True)
@@ -229,6 +254,7 @@ def supervise(job_ref: JobArg) -> None:
 def attach(
     job_ref: JobArg,
     verbose: VerboseOpt = False,
+    plain: PlainOpt = False,
 ) -> None:
     """Adopt a running job whose supervisor is gone, and supervise it to the end."""
     from orchestrator.stopping import finish_stop, needs_stop
@@ -252,7 +278,7 @@ def attach(
             f"job {job.id} is supervised from host {job.supervisor_host}: attach there"
         )
     cfg = launch_config(job)
-    _supervise(store, job, lambda: cfg, verbose, adopt=True)
+    _supervise(store, job, lambda: cfg, verbose, adopt=True, plain=plain)
 
 
 @app.command()
@@ -260,59 +286,88 @@ def status(
     job_ref: Annotated[str | None, typer.Argument(help="A job; default: recent jobs.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
     limit: Annotated[int, typer.Option(help="How many recent jobs to show.")] = 10,
+    watch: Annotated[
+        bool,
+        typer.Option("--watch", "-w", help="Refresh in place (until the job ends, or Ctrl-C)."),
+    ] = False,
+    interval: Annotated[float, typer.Option(help="Seconds between refreshes.")] = 1.0,
 ) -> None:
     """Jobs, each task's state, progress, heartbeat and restarts; from any terminal."""
     store = Store()
-    jobs = [store.get_job(job_ref)] if job_ref is not None else store.list_jobs(limit)
-    tasks = store.tasks_for([j.id for j in jobs])
-    now = time.time()
-    views = [job_view(j, tasks[j.id], now) for j in jobs]
-    if job_ref:
-        views[0]["events"] = [
-            {"ts": e.ts, "kind": e.kind, "task": e.task, "message": e.message}
-            for e in store.events(jobs[0].id)
-        ]
-    if as_json:
-        _echo(json.dumps({"jobs": views}, indent=2))
+
+    def snapshot() -> tuple[str, bool]:
+        jobs = [store.get_job(job_ref)] if job_ref is not None else store.list_jobs(limit)
+        text = status_text(store, jobs, as_json, job_ref is not None)
+        return text, job_ref is not None and jobs[0].state.is_terminal()
+
+    if not watch:
+        sys.stdout.write(snapshot()[0])
         return
-    render_status(views, detailed=job_ref is not None or len(jobs) == 1)
-    if job_ref is not None and views[0]["events"]:
-        _echo()
-        for event in views[0]["events"][-8:]:
-            when = time.strftime("%H:%M:%S", time.localtime(event["ts"]))
-            _echo(f"{when}  {event['kind']:<10} {event['message']}")
+    if sys.stdout.isatty():
+        from rich.text import Text
+
+        from orchestrator.console import watch as watch_in_place
+
+        def render() -> tuple[Text, bool]:
+            text, done = snapshot()
+            return Text(time.strftime("%H:%M:%S ") + text.rstrip("\n")), done
+
+        watch_in_place(render, sys.stdout, interval)
+        return
+    while True:  # not a terminal: one snapshot after another
+        text, done = snapshot()
+        sys.stdout.write(text + "\n")
+        sys.stdout.flush()
+        if done:
+            return
+        time.sleep(interval)
 
 
 @app.command()
 def logs(
     job_ref: JobArg,
-    task: Annotated[int | None, typer.Option("--task", "-t", help="Only this task.")] = None,
+    task: Annotated[
+        str | None, typer.Option("--task", "-t", help="Only these tasks: 1, 0,2 or 1-3.")
+    ] = None,
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing.")] = False,
+    timestamps: Annotated[
+        bool, typer.Option("--timestamps", help="Prefix each line with when it arrived (UTC).")
+    ] = False,
+    since: Annotated[
+        str | None, typer.Option(help="Only lines since an age (90s, 5m, 2h) or a time (11:40).")
+    ] = None,
+    grep: Annotated[
+        str | None, typer.Option("--grep", help="Only lines matching this regular expression.")
+    ] = None,
 ) -> None:
-    """Print a job's task logs (the coordinator's durable copies), prefixed by task."""
+    """Print a job's task logs (the coordinator's durable copies), prefixed by task, in the
+    order they arrived."""
+    from orchestrator.log_query import TimedLog, parse_grep, parse_since, parse_tasks, select
+    from orchestrator.log_query import stamp as format_stamp
 
     store = Store()
     job = store.get_job(job_ref)
     tasks = store.tasks(job.id)
-    if task is not None and task not in {t.idx for t in tasks}:
-        raise UsageError(f"job {job.id} has no task {task} (tasks: 0..{len(tasks) - 1})")
-    from orchestrator.logstream import LogTailer
-    from orchestrator.transport.local import LocalTransport
-
-    chosen = [t for t in tasks if task is None or t.idx == task]
+    indexes = parse_tasks(task, len(tasks)) if task is not None else [t.idx for t in tasks]
+    pattern = parse_grep(grep)
+    after = parse_since(since, time.time()) if since is not None else None
+    chosen = [t for t in tasks if t.idx in indexes]
     log_dir = log_copies_dir(job.id)
-    local = LocalTransport()
-    tailers = {t.idx: LogTailer(local, str(log_dir / f"worker-{t.idx}.log")) for t in chosen}
+    readers = {t.idx: TimedLog(log_dir / f"worker-{t.idx}.log") for t in chosen}
     while True:
         last = not follow or store.get_job(job.id).state.is_terminal()
+        batch = []
         for t in chosen:
-            tailer = tailers[t.idx]
-            lines = tailer.flush() if last else tailer.poll()  # the end: a last partial line too
-            prefix = "" if task is not None else f"[worker-{t.idx} {t.host}] "
-            if lines:
-                sys.stdout.write(
-                    "".join(prefix + ln.decode(errors="replace") + "\n" for ln in lines)
-                )
+            prefix = "" if len(chosen) == 1 and task is not None else f"[worker-{t.idx} {t.host}] "
+            for line in select(readers[t.idx].read(final=last), after, pattern):
+                batch.append((line.ts or 0.0, t.idx, prefix, line))
+        batch.sort(key=lambda item: (item[0], item[1]))  # by arrival; each task's order kept
+        sys.stdout.write(
+            "".join(
+                (format_stamp(line.ts) + " " if timestamps else "") + prefix + line.text + "\n"
+                for _, _, prefix, line in batch
+            )
+        )
         sys.stdout.flush()
         if last:
             break

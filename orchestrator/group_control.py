@@ -9,15 +9,18 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import threading
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 
 from orchestrator.backends import Backend
 from orchestrator.backends.slurm import Hello, SlurmHosts
 from orchestrator.config import ClusterConfig
 from orchestrator.errors import OrchestrateError, PreflightError
+from orchestrator.gpus import summary
+from orchestrator.jobs import launched_with_force
 from orchestrator.launcher import (
     AgentRef,
+    HostReport,
     make_specs,
     plan_launch,
     preflight,
@@ -69,6 +72,10 @@ class GroupControl:
         self._starting: list[AgentRef] = []  # agents started by a launch still under way
         self._record_lock = threading.Lock()
         self.stop_requested = stop_requested or threading.Event()
+        # `launch --force`: GPUs busy with other programs are used anyway (recorded with the
+        # job, so restarts and a detached or attaching supervisor honour it too).
+        self.force = launched_with_force(store, job_id)
+        self.gpu_counts: dict[int, int] = {}  # GPUs each host had at its latest preflight
 
     # --- starting -----------------------------------------------------------------------
     def launch(self, attempt: int, hosts: Sequence[int]) -> Group | None:
@@ -80,7 +87,9 @@ class GroupControl:
         if isinstance(self.backend, SlurmHosts):
             return self._launch_step(self.backend, attempt)
         self.sink.info(f"attempt {attempt}: preflight on {len(hosts)} host(s)")
-        reports = preflight(config, self.backend, job_id, hosts)
+        reports = preflight(
+            config, self.backend, job_id, hosts, self._host_answered, force=self.force
+        )
         self.stop_leftovers(hosts)
         if attempt == 0:
             run_setup(config, self.backend)
@@ -88,6 +97,7 @@ class GroupControl:
                 self.store.add_event(job_id, "notice", UNINSTRUMENTED_NOTICE)
                 self.sink.info(UNINSTRUMENTED_NOTICE)
         plan = plan_launch(config, reports, hosts)
+        self._report_gpus(reports, plan)
         specs = make_specs(config, plan, job_id, attempt, self.backend)
         self.store.replace_tasks(job_id, _task_records(job_id, plan, attempt))
         self._starting = []
@@ -98,6 +108,20 @@ class GroupControl:
         self._starting = []
         self._tail(plan)
         return group
+
+    def _report_gpus(self, reports: Mapping[int, HostReport], plan: LaunchPlan) -> None:
+        """One line per host whose tasks get GPUs: its GPUs, driver and CUDA (and the busy ones
+        it takes anyway under --force)."""
+        for h, report in sorted(reports.items()):
+            if report.gpu is None:
+                continue
+            self.gpu_counts[h] = len(report.gpu.gpus)
+            used = sum(len(t.gpus) for t in plan.tasks if t.host_index == h)
+            self.sink.info(summary(report.host_label, report.gpu, used))
+
+    def _host_answered(self, report: HostReport, seconds: float) -> None:
+        detail = f"Python {report.python}, TensorFlow {report.tensorflow}"
+        self.sink.host_answered(report.host_label, seconds, detail)
 
     def _launch_step(self, slurm: SlurmHosts, attempt: int) -> Group | None:
         """Slurm: the allocation running (submitted, or requeued when its time is nearly up),

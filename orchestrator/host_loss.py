@@ -69,7 +69,7 @@ class Hosts:
         self.sink.info(message)
 
     def tasks_on(self, hosts: tuple[int, ...]) -> int:
-        return len(task_slots(self.config, hosts))
+        return len(task_slots(self.config, hosts, self.control.gpu_counts))
 
     # --- after a failure ----------------------------------------------------------------
     def lost(self, group: Group, watch: Watch) -> Decision | None:

@@ -23,6 +23,7 @@ from orchestrator.store import JobRecord, Store, TaskRecord
 if TYPE_CHECKING:
     from orchestrator.backends import Backend
     from orchestrator.config import ClusterConfig
+    from orchestrator.console import JobPanel
 
 # How long `launch --detach` waits for the background supervisor to bring the job up.
 DETACHED_START_TIMEOUT = 600.0
@@ -32,8 +33,15 @@ def new_job_id(name: str) -> str:
     return f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
 
 
-def register_job(store: Store, config: ClusterConfig, config_path: str) -> JobRecord:
-    """Record a validated job (state PENDING) with its planned tasks; starts nothing."""
+FORCED = "forced"  # the event kind that records `launch --force`
+
+
+def register_job(
+    store: Store, config: ClusterConfig, config_path: str, force: bool = False
+) -> JobRecord:
+    """Record a validated job (state PENDING) with its planned tasks; starts nothing.
+    `force` (`launch --force`) is recorded as the job's "forced" event, which every supervisor
+    of the job reads (launched_with_force)."""
     from orchestrator.launcher import job_layout
     from orchestrator.plan import task_slots
 
@@ -64,7 +72,14 @@ def register_job(store: Store, config: ClusterConfig, config_path: str) -> JobRe
     ]
     store.create_job(job, tasks)
     store.add_event(job_id, "created", f"job {job_id} created from {config_path}")
+    if force:
+        store.add_event(job_id, FORCED, "launch --force: GPUs busy with other programs are used")
     return job
+
+
+def launched_with_force(store: Store, job_id: str) -> bool:
+    """Whether the job was launched with --force (for it, its restarts and its resumes)."""
+    return any(e.kind == FORCED for e in store.events(job_id))
 
 
 REDACTED = "<redacted>"
@@ -159,9 +174,12 @@ def failing_job_on_error(store: Store, job_id: str) -> Iterator[None]:
         raise
 
 
-def start_detached_supervisor(store: Store, job: JobRecord) -> tuple[JobRecord, int]:
+def start_detached_supervisor(
+    store: Store, job: JobRecord, progress: JobPanel | None = None
+) -> tuple[JobRecord, int]:
     """Start `orchestrate supervise JOB` in the background and wait until the job runs (or
-    ended). Returns the job and the supervisor's pid; raises when the job failed or stopped."""
+    ended), showing it on `progress` meanwhile. Returns the job and the supervisor's pid;
+    raises when the job failed or stopped."""
     from orchestrator.errors import OrchestrateError
     from orchestrator.paths import supervisor_log
     from orchestrator.transport.local import LocalTransport
@@ -181,6 +199,8 @@ def start_detached_supervisor(store: Store, job: JobRecord) -> tuple[JobRecord, 
     current = store.get_job(job.id)
     while time.monotonic() < deadline:
         current = store.get_job(job.id)
+        if progress is not None:
+            progress.update(current)
         if current.state == JobState.RUNNING or current.state.is_terminal():
             break
         if not is_same(supervisor.pid, supervisor.ident):  # it died before the job ran

@@ -5,12 +5,21 @@ from __future__ import annotations
 
 import contextlib
 import secrets
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from orchestrator.backends import Backend
 from orchestrator.backends.slurm import SlurmHosts
-from orchestrator.config import ClusterConfig, LocalBackend, SlurmBackend, SshBackend
+from orchestrator.config import (
+    MAX_PORT,
+    ClusterConfig,
+    LocalBackend,
+    SlurmBackend,
+    SshBackend,
+    host_gpus_per_task,
+    host_slots,
+)
 from orchestrator.errors import (
     HostsUnreachable,
     LaunchError,
@@ -19,6 +28,7 @@ from orchestrator.errors import (
     TransportError,
 )
 from orchestrator.fanout import HostResults, each
+from orchestrator.gpus import HostGpus, gpu_problems, host_gpus, task_env
 from orchestrator.plan import (
     LaunchPlan,
     build_plan,
@@ -51,6 +61,7 @@ class HostReport:
     tensorflow: str = ""
     free_bytes: int = 0
     ports: tuple[int, ...] = ()
+    gpu: HostGpus | None = None  # its GPUs, when the job asks for GPUs there
 
 
 def host_labels(config: ClusterConfig) -> list[str]:
@@ -64,10 +75,18 @@ def host_labels(config: ClusterConfig) -> list[str]:
 
 
 def preflight(
-    config: ClusterConfig, backend: Backend, job_id: str, hosts: Sequence[int] | None = None
+    config: ClusterConfig,
+    backend: Backend,
+    job_id: str,
+    hosts: Sequence[int] | None = None,
+    on_answer: Callable[[HostReport, float], None] = lambda report, seconds: None,
+    force: bool = False,
 ) -> dict[int, HostReport]:
     """Check the hosts (default: those a job starts on) in parallel; raise PreflightError
-    naming every failing host (HostsUnreachable when some could not be reached at all)."""
+    naming every failing host (HostsUnreachable when some could not be reached at all).
+    `on_answer` hears of each fit host as it answers, with the seconds it took. Hosts whose
+    tasks get GPUs have them counted and checked; `force`: GPUs busy with other programs are
+    not a problem."""
     labels = host_labels(config)
     hosts = initial_hosts(config) if hosts is None else tuple(hosts)
     slots_per_host = [0] * len(labels)
@@ -83,6 +102,8 @@ def preflight(
         with contextlib.suppress(OrchestrateError):
             backend.transport(0).run(["mkdir", "-p", shared], timeout=PROBE_TIMEOUT)
 
+    began = time.monotonic()
+
     def probe(i: int) -> HostReport:
         args = {
             "shared_dir": shared,
@@ -90,6 +111,10 @@ def preflight(
             "token_file": f"{token_dir}/{i}",
             "token": f"{token}-{i}",
         }
+        per_task = host_gpus_per_task(config.backend, i)
+        if per_task:
+            per_gpu = host_slots(config.backend, i) is None
+            args["gpu"] = {"job_id": job_id, "per_task": per_task, "per_gpu": per_gpu}
         data = backend.transport(i).worker_call("probe", args, timeout=PROBE_TIMEOUT)
         answered.add(i)
         problems = list(data.get("problems", []))
@@ -100,6 +125,14 @@ def preflight(
             )
         if not data.get("tensorflow"):
             problems.append("TensorFlow is not installed for " + backend.python(i))
+        gpus = None
+        if per_task and "gpu" not in data:
+            problems.append("its orchestrate worker package cannot count GPUs: install the same")
+        elif per_task and data["gpu"].get("counted"):  # else the probe said why not
+            gpus = host_gpus(data["gpu"])
+            problems += gpu_problems(
+                gpus, per_task, host_slots(config.backend, i), force, data.get("tensorflow") or ""
+            )
         if problems:
             raise PreflightError(", ".join(problems))
         return HostReport(
@@ -109,9 +142,15 @@ def preflight(
             tensorflow=data.get("tensorflow") or "",
             free_bytes=int(data.get("free_bytes", 0)),
             ports=tuple(data.get("ports", [])),
+            gpu=gpus,
         )
 
-    results = each(hosts, probe)
+    def probe_and_tell(i: int) -> HostReport:
+        report = probe(i)
+        on_answer(report, time.monotonic() - began)
+        return report
+
+    results = each(hosts, probe_and_tell)
     if results.ok and len(hosts) > 1:
         shared_ok = _check_shared(backend, hosts, labels, token_dir, token)
         results = results.with_failures(shared_ok.failed)
@@ -207,9 +246,16 @@ def plan_launch(
     config: ClusterConfig, reports: Mapping[int, HostReport], hosts: Sequence[int] | None = None
 ) -> LaunchPlan:
     """Assign ports (fixed, or those probed free on each host) and build the plan on the given
-    hosts (default: those a job starts on)."""
-    slots = task_slots(config, hosts)
+    hosts (default: those a job starts on); a "per_gpu" host gets a task per GPUs its
+    preflight counted."""
+    counts = {h: len(r.gpu.gpus) for h, r in reports.items() if r.gpu is not None}
+    slots = task_slots(config, hosts, counts)
     ports = fixed_ports(config, slots)
+    if ports and max(ports) > MAX_PORT:  # "per_gpu" tasks from a fixed ports.base
+        raise LaunchError(
+            f"ports.base: {config.ports.base} + the task(s) on a host counted from its GPUs "
+            f"need ports up to {max(ports)} (> {MAX_PORT})"
+        )
     if ports is None:
         taken: dict[int, int] = {}
         ports = []
@@ -217,7 +263,7 @@ def plan_launch(
             n = taken.get(slot.host_index, 0)
             taken[slot.host_index] = n + 1
             ports.append(reports[slot.host_index].ports[n])
-    return build_plan(config, ports, hosts)
+    return build_plan(config, ports, hosts, counts)
 
 
 def trainer_argv(config: ClusterConfig, python: str) -> list[str]:
@@ -240,7 +286,8 @@ def make_specs(
             tf_config=plan.tf_config(task.index),
             argv=trainer_argv(config, backend.python(task.host_index)),
             env={
-                **config.entrypoint.env,
+                **task_env(task.gpus, config.strategy.gpu_memory_growth),
+                **config.entrypoint.env,  # its own TF_FORCE_GPU_ALLOW_GROWTH wins
                 ENV_STRATEGY: config.strategy.model_dump_json(),
                 ENV_PROFILE_STEPS: ",".join(map(str, config.strategy.profile_steps)),
             },

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import BinaryIO, TextIO
 
@@ -57,14 +58,15 @@ class LogTailer:
 
 
 class LineSink:
-    """Where streamed lines go: a durable per-task copy, and (optionally) the console."""
+    """Where streamed lines go: a durable per-task copy (byte for byte the task's log, with a
+    side file of when each batch arrived), and (optionally) the console as prefixed lines."""
 
     def __init__(self, copy_dir: Path, console: TextIO | None, verbose: bool = False) -> None:
         self.copy_dir = copy_dir
         self.console = console
         self.verbose = verbose
         self._lock = threading.Lock()
-        self._files: dict[int, BinaryIO] = {}
+        self._files: dict[int, tuple[BinaryIO, BinaryIO]] = {}
         self._color = bool(console is not None and console.isatty())
         copy_dir.mkdir(parents=True, exist_ok=True)
 
@@ -72,26 +74,31 @@ class LineSink:
         if not lines:
             return
         with self._lock:
-            fh = self._files.get(index)
-            if fh is None:
-                fh = open(self.copy_dir / f"worker-{index}.log", "ab")  # noqa: SIM115
-                self._files[index] = fh
-            fh.write(b"".join(line + b"\n" for line in lines))
-            fh.flush()
-            if self.console is None:
-                return
-            prefix = f"[worker-{index} {host}] "
-            if self._color:
-                prefix = f"\x1b[{31 + index % 6}m{prefix}\x1b[0m"
-            shown = [
-                prefix + line.decode(errors="replace")
-                for line in lines
-                if self.verbose or not is_noise(line)
-            ]
-            if shown:
-                # One write per batch: lines from different tasks never mix mid-line.
-                self.console.write("\n".join(shown) + "\n")
-                self.console.flush()
+            files = self._files.get(index)
+            if files is None:
+                files = (
+                    open(self.copy_dir / f"worker-{index}.log", "ab"),  # noqa: SIM115
+                    open(times_path(self.copy_dir / f"worker-{index}.log"), "ab"),  # noqa: SIM115
+                )
+                self._files[index] = files
+            log, times = files
+            log.write(b"".join(line + b"\n" for line in lines))
+            log.flush()
+            # When the batch arrived and where it ends: `logs --timestamps/--since` read it.
+            times.write(f"{time.time():.3f} {log.tell()}\n".encode())
+            times.flush()
+            self.show(index, host, [ln for ln in lines if self.verbose or not is_noise(ln)])
+
+    def show(self, index: int, host: str, lines: list[bytes]) -> None:
+        """Print a task's lines on the console (called with the lock held)."""
+        if self.console is None or not lines:
+            return
+        prefix = f"[worker-{index} {host}] "
+        if self._color:
+            prefix = f"\x1b[{31 + index % 6}m{prefix}\x1b[0m"
+        # One write per batch: lines from different tasks never mix mid-line.
+        self.console.write("".join(prefix + ln.decode(errors="replace") + "\n" for ln in lines))
+        self.console.flush()
 
     def info(self, message: str) -> None:
         if self.console is None:
@@ -100,11 +107,19 @@ class LineSink:
             self.console.write(f"orchestrate: {message}\n")
             self.console.flush()
 
+    def host_answered(self, label: str, seconds: float, detail: str) -> None:
+        """A host passed preflight (the live console shows it; plain output does not)."""
+
     def close(self) -> None:
         with self._lock:
-            for fh in self._files.values():
-                fh.close()
+            for log, times in self._files.values():
+                log.close()
+                times.close()
             self._files.clear()
+
+
+def times_path(log: Path) -> Path:
+    return log.with_suffix(".times")
 
 
 def stderr_sink(copy_dir: Path, verbose: bool) -> LineSink:

@@ -8,11 +8,18 @@ that list; with no `chief` job, worker 0 is chief.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.config import ClusterConfig, LocalBackend, SlurmBackend, SshBackend
+from orchestrator.config import (
+    ClusterConfig,
+    LocalBackend,
+    SlurmBackend,
+    SshBackend,
+    host_gpus_per_task,
+    host_slots,
+)
 
 LOOPBACK = "127.0.0.1"
 LOCAL_HOST_LABEL = "local"
@@ -26,6 +33,7 @@ class HostSlot:
     host_label: str
     address: str
     slot: int
+    gpus: tuple[int, ...] = ()  # the host's GPUs (nvidia-smi indexes) this task gets
 
 
 @dataclass(frozen=True)
@@ -36,6 +44,7 @@ class TaskPlan:
     address: str
     port: int | None  # None: probed free on the host at launch (shown in --dry-run only)
     type: str = "worker"
+    gpus: tuple[int, ...] = ()  # its GPUs on its host (CUDA_VISIBLE_DEVICES); (): none assigned
 
     @property
     def endpoint(self) -> str:
@@ -78,12 +87,33 @@ def initial_hosts(config: ClusterConfig) -> tuple[int, ...]:
     return tuple(h for h, host in enumerate(backend.hosts) if not host.spare)
 
 
-def task_slots(config: ClusterConfig, hosts: Sequence[int] | None = None) -> list[HostSlot]:
+def task_slots(
+    config: ClusterConfig,
+    hosts: Sequence[int] | None = None,
+    gpu_counts: Mapping[int, int] | None = None,
+) -> list[HostSlot]:
     """One slot per task, in file order: hosts in order, each host's slots consecutive. Only
-    the given hosts (by position in cluster.toml; default: `initial_hosts`) get tasks."""
+    the given hosts (by position in cluster.toml; default: `initial_hosts`) get tasks.
+
+    `gpu_counts`: the GPUs each host has (from its preflight). A "per_gpu" host gets one task
+    per gpus_per_task of them; a "per_gpu" host not counted yet stands as one task (a dry run,
+    or the tasks a job is registered with). Task k of a host asking g GPUs a task gets the
+    host's GPUs k*g .. k*g+g-1."""
     backend = config.backend
+    counts = gpu_counts or {}
+
+    def count(h: int) -> int:
+        fixed = host_slots(backend, h)
+        if fixed is not None:
+            return fixed
+        return counts[h] // host_gpus_per_task(backend, h) if h in counts else 1
+
+    def gpus(h: int, s: int) -> tuple[int, ...]:
+        g = host_gpus_per_task(backend, h)
+        return tuple(range(s * g, s * g + g))
+
     if isinstance(backend, LocalBackend):
-        return [HostSlot(0, LOCAL_HOST_LABEL, LOOPBACK, i) for i in range(backend.workers)]
+        return [HostSlot(0, LOCAL_HOST_LABEL, LOOPBACK, i, gpus(0, i)) for i in range(count(0))]
     if isinstance(backend, SlurmBackend):  # nodes are Slurm's choice: named once allocated
         return [
             HostSlot(n, slurm_node_label(n), "", s)
@@ -93,11 +123,20 @@ def task_slots(config: ClusterConfig, hosts: Sequence[int] | None = None) -> lis
     assert isinstance(backend, SshBackend)
     chosen = set(initial_hosts(config) if hosts is None else hosts)
     return [
-        HostSlot(h, host.label, host.address, s)
+        HostSlot(h, host.label, host.address, s, gpus(h, s))
         for h, host in enumerate(backend.hosts)
         if h in chosen
-        for s in range(host.slots)
+        for s in range(count(h))
     ]
+
+
+def per_gpu_hosts(config: ClusterConfig) -> list[int]:
+    """Hosts (by position) whose task count is their GPU count ("per_gpu")."""
+    backend = config.backend
+    if isinstance(backend, SlurmBackend):
+        return []
+    count = len(backend.hosts) if isinstance(backend, SshBackend) else 1
+    return [h for h in range(count) if host_slots(backend, h) is None]
 
 
 def slurm_node_label(n: int) -> str:
@@ -155,9 +194,12 @@ def fixed_ports(config: ClusterConfig, slots: Sequence[HostSlot]) -> list[int] |
 
 
 def build_plan(
-    config: ClusterConfig, ports: Sequence[int | None], hosts: Sequence[int] | None = None
+    config: ClusterConfig,
+    ports: Sequence[int | None],
+    hosts: Sequence[int] | None = None,
+    gpu_counts: Mapping[int, int] | None = None,
 ) -> LaunchPlan:
-    slots = task_slots(config, hosts)
+    slots = task_slots(config, hosts, gpu_counts)
     if len(ports) != len(slots):
         raise ValueError(f"need {len(slots)} ports, got {len(ports)}")
     tasks = tuple(
@@ -167,6 +209,7 @@ def build_plan(
             host_label=slot.host_label,
             address=slot.address,
             port=port,
+            gpus=slot.gpus,
         )
         for i, (slot, port) in enumerate(zip(slots, ports, strict=True))
     )

@@ -3,17 +3,22 @@ and as aligned text tables. Pure rendering over store records; no rich on the st
 
 from __future__ import annotations
 
+import contextlib
+import io
+import json
 import sys
+import time
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.host_pool import HostPool, describe_hosts
 from orchestrator.jobs import supervisor_alive
 from orchestrator.states import TaskState
-from orchestrator.store import JobRecord, TaskRecord
+from orchestrator.store import JobRecord, Store, TaskRecord
 from worker.spec import Phase, StepSignal, remaining_steps
 
 if TYPE_CHECKING:
     from orchestrator.config import ClusterConfig
+    from orchestrator.plan import LaunchPlan
 
 
 def _write(text: str = "") -> None:
@@ -172,6 +177,29 @@ def render_status(views: list[dict[str, Any]], detailed: bool) -> None:
             _write(f"  {note}")
 
 
+def status_text(store: Store, jobs: list[JobRecord], as_json: bool, one_job: bool) -> str:
+    """What `orchestrate status` prints for these jobs (one job: with its latest events)."""
+    tasks = store.tasks_for([j.id for j in jobs])
+    now = time.time()
+    views = [job_view(j, tasks[j.id], now) for j in jobs]
+    if one_job:
+        views[0]["events"] = [
+            {"ts": e.ts, "kind": e.kind, "task": e.task, "message": e.message}
+            for e in store.events(jobs[0].id)
+        ]
+    if as_json:
+        return json.dumps({"jobs": views}, indent=2) + "\n"
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        render_status(views, detailed=one_job or len(jobs) == 1)
+        if one_job and views[0]["events"]:
+            _write()
+            for event in views[0]["events"][-8:]:
+                when = time.strftime("%H:%M:%S", time.localtime(event["ts"]))
+                _write(f"{when}  {event['kind']:<10} {event['message']}")
+    return out.getvalue()
+
+
 def render_report(data: dict[str, Any]) -> None:
     """`orchestrate report JOB`: the report.json of a job, as text."""
     _write(f"job {data['job']}: {data['state']} in {data['wall_seconds']:.0f}s, "
@@ -193,24 +221,53 @@ def render_report(data: dict[str, Any]) -> None:
     _write(f"chart: {data['chart']['path']}")
 
 
+def plan_size(cfg: ClusterConfig, plan: LaunchPlan) -> str:
+    """'3 task(s) on 2 host(s)'; with "per_gpu" hosts, at least that many: their GPUs are
+    counted at launch."""
+    from orchestrator.plan import per_gpu_hosts
+
+    hosts = {t.host_index for t in plan.tasks}
+    per_gpu = [h for h in per_gpu_hosts(cfg) if h in hosts]
+    size = f"{len(plan.tasks)} task(s) on {len(hosts)} host(s)"
+    if not per_gpu:
+        return size
+    labels = ", ".join(t.host_label for t in plan.tasks if t.host_index in per_gpu)
+    return f"at least {size} ({labels}: tasks counted from the GPUs found at launch)"
+
+
 def render_dry_run(cfg: ClusterConfig) -> None:
     """`launch --dry-run`: the plan, the trainer's command and each task's TF_CONFIG."""
+    from orchestrator.config import host_gpus_per_task
+    from orchestrator.gpus import task_env
     from orchestrator.launcher import trainer_argv
-    from orchestrator.plan import dry_run_plan
+    from orchestrator.plan import dry_run_plan, per_gpu_hosts
 
     plan = dry_run_plan(cfg)
+    per_gpu = set(per_gpu_hosts(cfg))
     _write(
-        f"job {cfg.job.name}: {len(plan.tasks)} task(s), {cfg.backend.type} backend, "
-        f"shared_dir {cfg.job.shared_dir}"
+        f"job {cfg.job.name}: {'at least ' if per_gpu else ''}{len(plan.tasks)} task(s), "
+        f"{cfg.backend.type} backend, shared_dir {cfg.job.shared_dir}"
     )
     through = " (through orchestrate's bootstrap)" if cfg.entrypoint.instrument else ""
     _write(f"trainer: {' '.join(trainer_argv(cfg, '<python>'))}{through}")
     for task in plan.tasks:
+        gpus = ""
+        if task.host_index in per_gpu:
+            g = host_gpus_per_task(cfg.backend, task.host_index)
+            gpus = f" GPUs: one task per {'GPU' if g == 1 else f'{g} GPUs'}, counted at launch"
+        elif task.gpus:
+            gpus = f" GPUs {','.join(map(str, task.gpus))}"
         _write(
             f"worker-{task.index} on {task.host_label} ({task.endpoint})"
-            f"{' chief' if task.is_chief else ''}"
+            f"{' chief' if task.is_chief else ''}{gpus}"
         )
         _write(f"  TF_CONFIG={plan.tf_config_json(task.index)}")
+    if any(t.gpus for t in plan.tasks):
+        env = task_env(["<its GPUs>"], cfg.strategy.gpu_memory_growth)
+        _write(
+            "(GPUs are nvidia-smi indexes, counted and checked free at launch; a task with "
+            f"GPUs gets {' '.join(f'{k}={v}' for k, v in env.items())})"
+        )
     if any(t.port is None for t in plan.tasks):
         _write("(auto ports are probed free on each host at launch)")
     if cfg.backend.type == "slurm":

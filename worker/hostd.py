@@ -5,7 +5,8 @@ answers with JSON lines on stdout. Each request then costs one round trip, with 
 start-up and no interpreter start-up on the host (about 80 ms and 40 ms per command otherwise).
 Requests run in threads, so a slow `stop` does not hold up a `probe`. Standard library only.
 
-Operations (`handle`): probe, read_tokens, alive, observe, stop, stop_job, start, remove.
+Operations (`handle`): probe, read_tokens, alive, observe, stop, stop_job, start, remove; and
+for `orchestrate check` (worker.netcheck): listen, unlisten, connect, route.
 """
 
 from __future__ import annotations
@@ -75,7 +76,7 @@ def observe(
 def handle(op: str, args: dict[str, Any]) -> Any:
     if op == "probe":
         return probe.probe(args["shared_dir"], args["ports"], args.get("token_file"),
-                           args.get("token", ""))  # fmt: skip
+                           args.get("token", ""), args.get("gpu"))  # fmt: skip
     if op == "read_tokens":
         return probe.read_tokens(args["paths"])
     if op == "alive":
@@ -99,6 +100,10 @@ def handle(op: str, args: dict[str, Any]) -> Any:
         file = args.get("file")
         return start(args["argv"], args["log_path"], args.get("env"),
                      tuple(file) if file else None)  # fmt: skip
+    if op in ("listen", "unlisten", "connect", "route"):  # imported when asked, not at start
+        from worker import netcheck
+
+        return netcheck.handle(op, args)
     raise ValueError(f"unknown operation {op!r}")
 
 

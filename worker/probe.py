@@ -15,6 +15,7 @@ import json
 import os
 import socket
 import sys
+from typing import Any
 
 from worker.spec import HOST_PROTOCOL
 
@@ -55,7 +56,15 @@ def free_ports(count: int) -> list[int]:
             sock.close()
 
 
-def probe(shared_dir: str, ports: int, token_file: str | None, token: str) -> dict[str, object]:
+def probe(
+    shared_dir: str,
+    ports: int,
+    token_file: str | None,
+    token: str,
+    gpu: dict[str, Any] | None = None,
+) -> dict[str, object]:
+    """`gpu` (when the job asks for GPUs): {"job_id", "per_task", "per_gpu"}; the report then
+    has "gpu" (worker.gpu_probe), and with "per_gpu" one port per task the GPUs make."""
     report: dict[str, object] = {
         "hostname": socket.gethostname(),
         "python": "{}.{}.{}".format(*sys.version_info[:3]),
@@ -81,6 +90,14 @@ def probe(shared_dir: str, ports: int, token_file: str | None, token: str) -> di
                     fh.write(token)
             except OSError as exc:
                 problems.append(f"cannot write to shared_dir: {exc}")
+    if gpu is not None:
+        from worker.gpu_probe import probe_gpus
+
+        gpus = probe_gpus(str(gpu.get("job_id", "")))
+        problems.extend(gpus.pop("problems"))
+        report["gpu"] = gpus
+        if gpu.get("per_gpu"):
+            ports = len(gpus["gpus"]) // max(int(gpu.get("per_task", 1)), 1)
     try:
         report["ports"] = free_ports(ports)
     except OSError as exc:

@@ -18,7 +18,8 @@ SPEC_VERSION = 3
 # host whose worker package answers with another (an older orchestrate installed there): bump
 # it when a helper operation or the spec changes. 3: the spec gained `instrument`. 4: processes
 # are named by pid and identity (start returns both; alive, observe and stop check it), stop_job.
-HOST_PROTOCOL = 5
+# 6: listen, unlisten, connect, route (`orchestrate check`); probe's `gpu` (GPU hosts).
+HOST_PROTOCOL = 6
 _D = TypeVar("_D")
 
 # Environment a trainer sees, besides TF_CONFIG and the user's env.

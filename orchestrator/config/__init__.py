@@ -3,6 +3,7 @@ across its keys (`rules`). Everything else imports from here."""
 
 from orchestrator.config.load import load_config, parse_config
 from orchestrator.config.model import (
+    PER_GPU,
     Backend,
     ClusterConfig,
     EntrypointSection,
@@ -15,12 +16,15 @@ from orchestrator.config.model import (
     SshHost,
     StrategySection,
     SupervisionSection,
+    host_gpus_per_task,
+    host_slots,
 )
 from orchestrator.config.values import DEFAULT_SSH_PORT, MAX_PORT, normalized_address
 
 __all__ = [
     "DEFAULT_SSH_PORT",
     "MAX_PORT",
+    "PER_GPU",
     "Backend",
     "ClusterConfig",
     "EntrypointSection",
@@ -33,6 +37,8 @@ __all__ = [
     "SshHost",
     "StrategySection",
     "SupervisionSection",
+    "host_gpus_per_task",
+    "host_slots",
     "load_config",
     "normalized_address",
     "parse_config",

@@ -114,7 +114,7 @@ def _describe(exc: ValidationError) -> str:
     key = key_path(first["loc"])
     kind = first["type"]
     if kind == "extra_forbidden":
-        text = "unknown key"
+        text = "unknown key" + _UNKNOWN_KEY_HINTS.get(tuple(first["loc"]), "")
     elif kind == "missing":
         text = "required key is missing"
     elif kind in ("greater_than_equal", "greater_than", "less_than_equal", "less_than"):
@@ -128,6 +128,15 @@ def _describe(exc: ValidationError) -> str:
         text = oneline(first["msg"].removeprefix("Value error, "))
     more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
     return f"{key}: {text}{more}" if key else f"{text}{more}"
+
+
+# Keys a user may well expect where they are not: what to write instead.
+_UNKNOWN_KEY_HINTS: dict[tuple[int | str, ...], str] = {
+    ("backend", "slurm", "gpus_per_task"): (
+        " on the Slurm backend: Slurm assigns GPUs itself; ask for them with backend.gres "
+        '(e.g. "gpu:4") and backend.tasks_per_node'
+    ),
+}
 
 
 def _short_bound(msg: str) -> str:

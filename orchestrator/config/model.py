@@ -6,7 +6,15 @@ import re
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    Strict,
+    model_validator,
+)
 
 from orchestrator.config.values import (
     MAX_PORT,
@@ -15,6 +23,7 @@ from orchestrator.config.values import (
     HostAddress,
     Label,
     UserName,
+    show,
 )
 
 
@@ -27,6 +36,29 @@ class _Model(BaseModel):
 # Paths come from TOML as strings.
 ConfigPath = Annotated[Path, Strict(False)]
 Seconds = Annotated[float, Field(le=MAX_SECONDS)]
+
+PER_GPU = "per_gpu"
+MAX_TASKS_PER_HOST = 64
+
+
+def _count_or_per_gpu(value: object) -> object:
+    """A task count 1..64, or "per_gpu" (one task per GPU the host has, counted at launch);
+    one message for every other value."""
+    if value == PER_GPU:
+        return value
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ValueError(f'Input should be a valid integer or "{PER_GPU}" (got {show(value)})')
+    if value < 1:
+        raise ValueError(f"must be >= 1 (got {value})")
+    if value > MAX_TASKS_PER_HOST:
+        raise ValueError(f"must be <= {MAX_TASKS_PER_HOST} (got {value})")
+    return value
+
+
+# Tasks on a host: a count, or "per_gpu".
+TaskCount = Annotated[int | Literal["per_gpu"], BeforeValidator(_count_or_per_gpu)]
+# GPUs each task of a host gets (CUDA_VISIBLE_DEVICES); unset: GPUs are not assigned.
+GpusPerTask = Annotated[int, Field(ge=1, le=64)]
 
 
 class JobSection(_Model):
@@ -63,9 +95,12 @@ class LocalBackend(_Model):
     """Every task is a local process on loopback: the same code path as remote hosts."""
 
     type: Literal["local"]
-    workers: Annotated[int, Field(ge=1, le=64)]
+    # Tasks on this machine, or "per_gpu": one per GPU (per gpus_per_task GPUs) found here.
+    workers: TaskCount
     # Interpreter that runs the agent and trainer; default: the coordinator's own.
     python: str | None = None
+    # GPUs per task: each task sees only its own (CUDA_VISIBLE_DEVICES); unset: not assigned.
+    gpus_per_task: GpusPerTask | None = None
 
 
 class SshHost(_Model):
@@ -77,8 +112,11 @@ class SshHost(_Model):
     port: Annotated[int, Field(ge=1, le=MAX_PORT)] | None = None
     identity_file: ConfigPath | None = None
     python: str | None = None
-    # Tasks on this host (one per device group); each gets its own port.
-    slots: Annotated[int, Field(ge=1, le=64)] = 1
+    # Tasks on this host (one per device group); each gets its own port. "per_gpu": one per
+    # GPU (per gpus_per_task GPUs) the host has, counted at launch.
+    slots: TaskCount = 1
+    # GPUs per task on this host (default: backend.gpus_per_task); unset: not assigned.
+    gpus_per_task: GpusPerTask | None = None
     # Commands (argv lists) run once on this host before its agents start.
     setup: list[list[str]] = []
     # A standby host: no task runs here until it replaces a lost or failing host.
@@ -105,6 +143,8 @@ class SshBackend(_Model):
     trust_unknown_hosts: bool = False
     connect_timeout: Annotated[Seconds, Field(gt=0)] = 10.0
     command_timeout: Annotated[Seconds, Field(gt=0)] = 60.0
+    # GPUs per task on every host without its own gpus_per_task; unset: not assigned.
+    gpus_per_task: GpusPerTask | None = None
 
 
 # Slurm's own spellings, checked here so that a typo is a one-line error before anything is
@@ -238,6 +278,9 @@ class StrategySection(_Model):
     tpu: str = ""
     # Profile these training steps into TensorBoard, e.g. [10, 20]; empty: no profiling.
     profile_steps: Annotated[list[int], Field(max_length=2)] = []
+    # Tasks given GPUs (gpus_per_task, "per_gpu") get TF_FORCE_GPU_ALLOW_GROWTH=true: memory
+    # taken as needed, not all of it at start. false: TensorFlow's default (all of it).
+    gpu_memory_growth: bool = True
 
 
 class ClusterConfig(_Model):
@@ -248,3 +291,28 @@ class ClusterConfig(_Model):
     supervision: SupervisionSection = SupervisionSection()
     restart: RestartSection = RestartSection()
     strategy: StrategySection = StrategySection()
+
+
+def host_gpus_per_task(backend: LocalBackend | SshBackend | SlurmBackend, host: int) -> int:
+    """GPUs each task on this host (by position) gets; 0: none assigned (CUDA_VISIBLE_DEVICES
+    left alone). "per_gpu" alone means one GPU a task."""
+    if isinstance(backend, LocalBackend):
+        given, per_gpu = backend.gpus_per_task, backend.workers == PER_GPU
+    elif isinstance(backend, SshBackend):
+        entry = backend.hosts[host]
+        given = entry.gpus_per_task or backend.gpus_per_task
+        per_gpu = entry.slots == PER_GPU
+    else:  # Slurm assigns GPUs itself (gres)
+        return 0
+    return given or (1 if per_gpu else 0)
+
+
+def host_slots(backend: LocalBackend | SshBackend | SlurmBackend, host: int) -> int | None:
+    """Tasks on this host (by position); None: "per_gpu", known once its GPUs are counted."""
+    if isinstance(backend, LocalBackend):
+        count: int | str = backend.workers
+    elif isinstance(backend, SshBackend):
+        count = backend.hosts[host].slots
+    else:
+        return backend.tasks_per_node
+    return None if count == PER_GPU else int(count)

@@ -5,11 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from orchestrator.config.model import (
+    PER_GPU,
     ClusterConfig,
     EntrypointSection,
     LocalBackend,
     SlurmBackend,
     SshBackend,
+    host_gpus_per_task,
+    host_slots,
 )
 from orchestrator.config.values import (
     DEFAULT_SSH_PORT,
@@ -43,13 +46,11 @@ def check_semantics(config: ClusterConfig, source: str) -> None:
         _check_local_shared_dir(config.job.shared_dir, source)
     if isinstance(backend, SlurmBackend):
         _check_slurm(config, backend, source)
-    per_host = (
-        backend.workers
-        if isinstance(backend, LocalBackend)
-        else backend.tasks_per_node
-        if isinstance(backend, SlurmBackend)
-        else max(h.slots for h in backend.hosts)
-    )
+    # A "per_gpu" host counts as one task here: its GPUs are counted at launch.
+    host_count = 1 if not isinstance(backend, SshBackend) else len(backend.hosts)
+    counts = [host_slots(backend, h) or 1 for h in range(host_count)]
+    per_gpu_hosts = [h for h in range(host_count) if host_slots(backend, h) is None]
+    per_host = max(counts)
     base = config.ports.base
     if base and base + per_host - 1 > MAX_PORT:
         raise ConfigError(
@@ -57,17 +58,29 @@ def check_semantics(config: ClusterConfig, source: str) -> None:
             f"{base + per_host - 1} (> {MAX_PORT})"
         )
     tasks = (
-        backend.workers
+        counts[0]
         if isinstance(backend, LocalBackend)
         else backend.nodes * backend.tasks_per_node
         if isinstance(backend, SlurmBackend)
-        else sum(h.slots for h in backend.hosts if not h.spare)
+        else sum(counts[h] for h, host in enumerate(backend.hosts) if not host.spare)
     )
     if isinstance(backend, SshBackend) and tasks == 0:
         raise ConfigError(
             f"{source}: backend.hosts: every host is a spare: at least one must not be"
         )
-    _check_elastic(config, tasks, source)
+    _check_gpus(config, source)
+    _check_elastic(config, None if per_gpu_hosts else tasks, source)  # None: known at launch
+    if config.strategy.kind != "multi_worker_mirrored" and per_gpu_hosts:
+        where = (
+            "backend.workers"
+            if isinstance(backend, LocalBackend)
+            else f"backend.hosts[{per_gpu_hosts[0]}].slots"
+        )
+        raise ConfigError(
+            f"{source}: strategy.kind: {config.strategy.kind} runs as a single task, but "
+            f'{where} = "{PER_GPU}" plans one per GPU: use a count of 1 (or '
+            "multi_worker_mirrored)"
+        )
     if config.strategy.kind != "multi_worker_mirrored" and tasks != 1:
         raise ConfigError(
             f"{source}: strategy.kind: {config.strategy.kind} runs as a single task, "
@@ -76,9 +89,27 @@ def check_semantics(config: ClusterConfig, source: str) -> None:
     _check_exec_size(config.entrypoint, source)
 
 
-def _check_elastic(config: ClusterConfig, tasks: int, source: str) -> None:
+# Set by orchestrate for each task given GPUs: the same names in entrypoint.env would contradict
+# the assignment (CUDA_DEVICE_ORDER=PCI_BUS_ID makes CUDA number GPUs as nvidia-smi does).
+GPU_ENV_MANAGED = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
+
+
+def _check_gpus(config: ClusterConfig, source: str) -> None:
+    backend = config.backend
+    hosts = range(len(backend.hosts)) if isinstance(backend, SshBackend) else range(1)
+    if not any(host_gpus_per_task(backend, h) for h in hosts):
+        return
+    for name in GPU_ENV_MANAGED:
+        if name in config.entrypoint.env:
+            raise ConfigError(
+                f"{source}: entrypoint.env.{name}: orchestrate sets it for each task given "
+                'GPUs (gpus_per_task, "per_gpu"): remove it here'
+            )
+
+
+def _check_elastic(config: ClusterConfig, tasks: int | None, source: str) -> None:
     restart = config.restart
-    if restart.min_workers is not None and restart.min_workers > tasks:
+    if restart.min_workers is not None and tasks is not None and restart.min_workers > tasks:
         raise ConfigError(
             f"{source}: restart.min_workers: {restart.min_workers} is more than the "
             f"{tasks} worker(s) planned"

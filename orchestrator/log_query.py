@@ -1,0 +1,149 @@
+"""`orchestrate logs`: read the coordinator's durable copies with the time each line arrived,
+and choose lines by task, age and pattern. The copies are the tasks' logs byte for byte; the
+arrival times live beside them (`worker-N.times`: one `UNIX_TIME END_OFFSET` line per batch
+the supervisor wrote)."""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+from orchestrator.errors import UsageError
+from orchestrator.logstream import times_path
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_since(text: str, now: float) -> float:
+    """`--since`: an age (`90s`, `5m`, `2h`, `1d`) or a local time (`2026-12-03T11:40`,
+    `11:40`), as a UNIX time."""
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)([smhd])", text.strip())
+    if match:
+        return now - float(match.group(1)) * _UNITS[match.group(2)]
+    try:
+        if re.fullmatch(r"\d{1,2}:\d\d(:\d\d)?", text.strip()):
+            today = datetime.fromtimestamp(now).date().isoformat()
+            return datetime.fromisoformat(f"{today}T{text.strip()}").timestamp()
+        return datetime.fromisoformat(text.strip()).timestamp()
+    except ValueError:
+        raise UsageError(
+            f"--since {text!r}: give an age like 90s, 5m, 2h, 1d or a time like 11:40 "
+            "or 2026-12-03T11:40"
+        ) from None
+
+
+def parse_tasks(text: str, count: int) -> list[int]:
+    """`--task 0,2` or `--task 1-3` (or both mixed), checked against the job's tasks."""
+    chosen: set[int] = set()
+    for part in text.split(","):
+        match = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", part)
+        if not match:
+            raise UsageError(f"--task {text!r}: give task indexes like 0,2 or 1-3")
+        first = int(match.group(1))
+        last = int(match.group(2)) if match.group(2) else first
+        chosen.update(range(first, last + 1))
+    missing = sorted(i for i in chosen if not 0 <= i < count)
+    if missing:
+        raise UsageError(
+            f"--task {text!r}: no task {missing[0]} (tasks: 0..{count - 1})"
+            if count
+            else f"--task {text!r}: the job has no tasks"
+        )
+    return sorted(chosen)
+
+
+def parse_grep(pattern: str | None) -> re.Pattern[str] | None:
+    if pattern is None:
+        return None
+    try:
+        return re.compile(pattern)
+    except re.error as exc:
+        raise UsageError(f"--grep {pattern!r}: not a regular expression: {exc}") from None
+
+
+def stamp(ts: float | None) -> str:
+    """RFC 3339 in UTC with milliseconds, as `kubectl logs --timestamps` prints."""
+    if ts is None:
+        return "-" * 24
+    whole = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ts))
+    return f"{whole}.{int(ts % 1 * 1000):03d}Z"
+
+
+@dataclass(frozen=True)
+class LogLine:
+    ts: float | None  # when the coordinator received it; None: a copy from before timestamps
+    text: str
+
+
+class TimedLog:
+    """Follows one durable copy and its times by offset."""
+
+    def __init__(self, log: Path) -> None:
+        self.log = log
+        self.times = times_path(log)
+        self.offset = 0  # end of the whole lines already returned
+        self._times_read = 0
+        self._marks: list[tuple[int, float]] = []  # (end offset, time), ascending
+
+    def _load_marks(self) -> bool:
+        """Read new time marks; False when there is no times file (an old copy)."""
+        try:
+            with open(self.times, "rb") as fh:
+                fh.seek(self._times_read)
+                data = fh.read()
+        except FileNotFoundError:
+            return False
+        whole = data[: data.rfind(b"\n") + 1]
+        self._times_read += len(whole)
+        for record in whole.splitlines():
+            ts, end = record.split()
+            self._marks.append((int(end), float(ts)))
+        return True
+
+    def read(self, final: bool = False) -> list[LogLine]:
+        """New whole lines (at the end, with `final`, a last partial line too). Following, only
+        lines whose arrival time is written are returned, so each has its time."""
+        timed = self._load_marks()
+        try:
+            with open(self.log, "rb") as fh:
+                fh.seek(self.offset)
+                data = fh.read()
+        except FileNotFoundError:
+            return []
+        if timed and not final:
+            limit = (self._marks[-1][0] if self._marks else self.offset) - self.offset
+            data = data[: max(limit, 0)]
+        if not final:
+            data = data[: data.rfind(b"\n") + 1]
+        if not data:
+            return []
+        pieces = data.split(b"\n")
+        if pieces[-1] == b"":
+            pieces.pop()
+        lines, start = [], self.offset
+        for piece in pieces:
+            lines.append(LogLine(self._time_at(start), piece.decode(errors="replace")))
+            start += len(piece) + 1
+        self.offset += len(data)
+        return lines
+
+    def _time_at(self, start: int) -> float | None:
+        while self._marks and self._marks[0][0] <= start:
+            self._marks.pop(0)
+        return self._marks[0][1] if self._marks else None
+
+
+def select(
+    lines: list[LogLine], since: float | None, pattern: re.Pattern[str] | None
+) -> list[LogLine]:
+    """Lines at or after `since` (a line of unknown time is left out when one is given) that
+    match `pattern`."""
+    return [
+        ln
+        for ln in lines
+        if (since is None or (ln.ts is not None and ln.ts >= since))
+        and (pattern is None or pattern.search(ln.text))
+    ]
