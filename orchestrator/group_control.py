@@ -16,11 +16,13 @@ from orchestrator.backends import Backend
 from orchestrator.backends.slurm import Hello, SlurmHosts
 from orchestrator.config import ClusterConfig
 from orchestrator.errors import OrchestrateError, PreflightError
+from orchestrator.fanout import each
 from orchestrator.gpus import summary
 from orchestrator.jobs import launched_with_force
 from orchestrator.launcher import (
     AgentRef,
     HostReport,
+    host_labels,
     make_specs,
     plan_launch,
     preflight,
@@ -28,6 +30,7 @@ from orchestrator.launcher import (
     shared_dir_trouble,
     start_agents,
     stop_agents,
+    warm_restarts,
 )
 from orchestrator.logstream import LineSink, LogTailer
 from orchestrator.observations import Decision
@@ -267,6 +270,15 @@ class GroupControl:
         if gone:
             names = ", ".join(f"worker-{a.task_index} (agent pid {a.pid})" for a in gone)
             self.store.add_event(self.job_id, "cleaned_up", f"stopped leftover {names}")
+
+    def end_standbys(self) -> None:
+        """At the job's end: the warm standbys' keepers (worker/standby.py) would wait for a
+        next attempt that will not come; sweep each host of the job's processes now. A host
+        that does not answer keeps its keeper until the keeper's own linger runs out."""
+        if not warm_restarts(self.config):
+            return
+        hosts = range(len(host_labels(self.config)))
+        each(hosts, lambda h: self.backend.transport(h).stop_job(self.job_id, 2.0))
 
     @property
     def leftovers(self) -> list[AgentRef]:

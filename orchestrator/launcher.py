@@ -298,9 +298,20 @@ def make_specs(
             preemption_exit_code=config.restart.preemption_exit_code,
             instrument=config.entrypoint.instrument,
             orphan_timeout=orphan_timeout(config),
+            warm_restart=warm_restarts(config),
+            # The keeper waits out the longest restart gap: the backoff, then the preflight.
+            standby_linger=config.restart.backoff_max + 60.0,
         )
         for task in plan.tasks
     ]
+
+
+def warm_restarts(config: ClusterConfig) -> bool:
+    return (
+        config.restart.warm_restart
+        and config.entrypoint.instrument
+        and not isinstance(config.backend, SlurmBackend)
+    )
 
 
 def orphan_timeout(config: ClusterConfig) -> float:

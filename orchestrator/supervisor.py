@@ -289,6 +289,7 @@ class Supervisor:
     def _finish(self, state: JobState, cause: str) -> None:
         if isinstance(self.backend, SlurmHosts):  # over before the job says so
             self.backend.release(self.layout, state == JobState.SUCCEEDED)
+        self.group.end_standbys()
         self.job_state.to(state, last_cause=cause)
         self.store.add_event(self.job.id, state.value, cause)
         self.sink.info(f"job {self.job.id} {state.value}: {cause}")

@@ -33,10 +33,20 @@ from worker.spec import (
     ENV_PROGRESS_FILE,
     ENV_TASK_DIR,
     AgentState,
+    Phase,
     Progress,
     TaskStatus,
     WorkerSpec,
     write_json_atomic,
+)
+from worker.standby import socket_name
+from worker.warm import (
+    KeeperLink,
+    WarmTrainer,
+    fingerprint,
+    room_for_standby,
+    standby_env,
+    start_keeper,
 )
 
 _PR_SET_PDEATHSIG = 1
@@ -50,7 +60,7 @@ def _die_with_parent() -> None:
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
-def _exit_waiter(proc: subprocess.Popen[bytes]) -> Callable[[float], bool]:
+def _exit_waiter(proc: subprocess.Popen[bytes] | WarmTrainer) -> Callable[[float], bool]:
     """wait(timeout) -> whether proc has exited. Sleeps in the kernel on a pidfd; Popen.wait
     with a timeout would instead wake up every 50 ms, next to a trainer that wants the CPU."""
     try:
@@ -122,7 +132,11 @@ class Agent:
         self._seq = 0
         self._stop_requested = threading.Event()
         self._stop_deadline: float | None = None
-        self._trainer: subprocess.Popen[bytes] | None = None
+        self._trainer: subprocess.Popen[bytes] | WarmTrainer | None = None
+        self._keeper: KeeperLink | None = None
+        self._keeper_name = socket_name(spec.job_id, spec.task_index)
+        self._standby_asked = False
+        self._log: BinaryIO | None = None
         self._write_failing = False
         self._peers = peer_endpoints(spec.tf_config, spec.task_type, spec.task_index)
 
@@ -141,25 +155,30 @@ class Agent:
                 f"attempt {spec.attempt}: {spec.task_type}-{spec.task_index} "
                 f"on {spec.host_label} starting",
             )
-            try:
-                self._trainer = subprocess.Popen(
-                    trainer_argv(spec),
-                    cwd=spec.workdir,
-                    env=trainer_env(spec),
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    preexec_fn=_die_with_parent,
-                )
-            except OSError as exc:
-                _note(log, f"cannot start trainer: {exc}")
-                self._write_status(AgentState.FAILED, exit_code=127, message=str(exc))
-                return 127
+            self._log = log
+            self._trainer = self._warm_start(log)
+            if self._trainer is None:
+                try:
+                    self._trainer = subprocess.Popen(
+                        trainer_argv(spec),
+                        cwd=spec.workdir,
+                        env=trainer_env(spec),
+                        stdin=subprocess.DEVNULL,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        preexec_fn=_die_with_parent,
+                    )
+                except OSError as exc:
+                    _note(log, f"cannot start trainer: {exc}")
+                    self._write_status(AgentState.FAILED, exit_code=127, message=str(exc))
+                    return 127
             if self._stop_requested.is_set():  # a stop arrived while we were starting
                 self._forward_stop()
             code = self._supervise(self._trainer)
             state = self._final_state(code)
             _note(log, f"trainer exited with code {code} ({state})")
+            if self._keeper is not None:
+                self._keeper.close()
         # The final status is what tells the coordinator how the trainer ended: keep trying a
         # while if the shared directory refuses it (full, or gone read-only for a moment).
         deadline = time.monotonic() + FINAL_STATUS_PATIENCE
@@ -167,6 +186,66 @@ class Agent:
             time.sleep(min(1.0, self.spec.heartbeat_interval))
         forget(os.getpid())
         return code
+
+    # --- warm restarts (worker/warm.py, worker/standby.py) ------------------------------
+    def _warm_start(self, log: BinaryIO) -> WarmTrainer | None:
+        """This attempt's trainer from the task's standby, when a keeper has a matching one
+        ready; None: start cold (and say why, when a keeper was there)."""
+        spec = self.spec
+        if not spec.warm_restart or not spec.instrument:
+            return None
+        link = KeeperLink.connect(self._keeper_name, self._standby_ready)
+        if link is None:
+            return None
+        self._keeper = link
+        python, *target = spec.argv
+        env = trainer_env(spec)
+        reply = link.request(
+            {
+                "op": "activate",
+                "fingerprint": fingerprint(env, python, spec.env),
+                "env": env,
+                "target": target,
+                "cwd": spec.workdir,
+                "log": str(self.log_path),
+            }
+        )
+        if not reply.get("ok"):
+            _note(log, f"cold start: {reply.get('reason', 'no standby')}")
+            return None
+        _note(log, f"warm start: the standby (pid {reply['pid']}) runs the entrypoint")
+        return WarmTrainer(int(reply["pid"]), link)
+
+    def _prepare_standby(self) -> None:
+        """Once this attempt trains, have the keeper (started if need be) import TensorFlow in
+        a standby for the next attempt."""
+        self._standby_asked = True
+        spec = self.spec
+        short = room_for_standby()
+        if short:
+            _note(self._log, f"no warm standby on this host: {short}")
+            return
+        if self._keeper is None:
+            standby_log = str(spec.layout.task_dir(spec.task_index) / "standby.log")
+            self._keeper = start_keeper(self._keeper_name, spec.job_id, spec.task_index,
+                                        spec.standby_linger, standby_log,
+                                        self._standby_ready)  # fmt: skip
+        if self._keeper is None:
+            _note(self._log, "no warm standby: its keeper did not start")
+            return
+        python = spec.argv[0]
+        env = trainer_env(spec)
+        self._keeper.request(
+            {
+                "op": "prepare",
+                "fingerprint": fingerprint(env, python, spec.env),
+                "env": standby_env(env),
+                "python": python,
+            }
+        )
+
+    def _standby_ready(self, pid: int, rss: int) -> None:
+        _note(self._log, f"warm standby ready for a restart: pid {pid}, RSS {rss >> 20} MB")
 
     def _final_state(self, code: int) -> AgentState:
         if code == 0:
@@ -177,11 +256,19 @@ class Agent:
             return AgentState.STOPPED
         return AgentState.FAILED
 
-    def _supervise(self, trainer: subprocess.Popen[bytes]) -> int:
+    def _supervise(self, trainer: subprocess.Popen[bytes] | WarmTrainer) -> int:
         interval = self.spec.heartbeat_interval
         exited = _exit_waiter(trainer)
         while True:
             self._write_status(AgentState.RUNNING)
+            if (
+                self.spec.warm_restart
+                and self.spec.instrument
+                and not self._standby_asked
+                and not self._stop_requested.is_set()
+                and self._read_progress().phase == Phase.TRAINING
+            ):
+                self._prepare_standby()
             if exited(interval):
                 return exit_code_of(trainer.wait())
             if self._stop_deadline is not None and time.monotonic() >= self._stop_deadline:
@@ -250,9 +337,11 @@ def _say(text: str) -> None:
         print(text, file=sys.stderr, flush=True)
 
 
-def _note(log: BinaryIO, text: str) -> None:
+def _note(log: BinaryIO | None, text: str) -> None:
     """A line of our own in the task's log; a full shared directory must not end the agent."""
-    with contextlib.suppress(OSError):
+    if log is None:
+        return
+    with contextlib.suppress(OSError, ValueError):
         log.write(f"[orchestrate] {text}\n".encode())
 
 

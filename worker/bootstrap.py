@@ -24,6 +24,7 @@ if __name__ == "__main__" and not __package__:
 
 import atexit
 import builtins
+import contextlib
 import importlib.machinery
 import runpy
 import signal
@@ -148,5 +149,54 @@ def main() -> None:
         _die_as_the_interpreter_would(exc)
 
 
-if __name__ == "__main__":
+def _scheduling(idle: bool) -> None:
+    """The standby imports at idle priority, beside a trainer that wants the CPU; activated,
+    every thread it has goes back to the normal policy."""
+    policy = os.SCHED_IDLE if idle else os.SCHED_OTHER
+    threads = [0] if idle else [int(t) for t in os.listdir("/proc/self/task")]
+    for tid in threads:
+        # Not permitted here: the standby just competes at normal priority.
+        with contextlib.suppress(OSError):
+            os.sched_setscheduler(tid, policy, os.sched_param(0))
+
+
+def standby(control_fd: int) -> None:
+    """A warm standby (worker/standby.py): import TensorFlow (and tf-keras) under the task's
+    environment, no user code; say ready; wait for the activation; then start the entrypoint
+    exactly as a cold start does, with the activation's environment, directory and log."""
+    import json
+    import socket
+
+    control = socket.socket(fileno=control_fd)
+    _scheduling(idle=True)
+    import tensorflow  # noqa: F401
+
+    if os.environ.get("TF_USE_LEGACY_KERAS") == "1":
+        with contextlib.suppress(ImportError):
+            import tf_keras  # noqa: F401
+    control.sendall(b"ready\n")
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = control.recv(1 << 16)
+        if not chunk:  # the keeper is gone: so are we, never having run anything
+            os._exit(0)
+        data += chunk
+    control.close()
+    order = json.loads(data)
+    _scheduling(idle=False)
+    os.environ.clear()
+    os.environ.update(order["env"])
+    os.chdir(order["cwd"])
+    log = os.open(order["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.close(log)
+    sys.argv = [sys.argv[0], *order["target"]]
     main()
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--standby"]:
+        standby(int(sys.argv[2]))
+    else:
+        main()

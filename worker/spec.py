@@ -107,6 +107,10 @@ class WorkerSpec:
     # Stop the trainer when the coordinator has not reached this host for this long and no
     # peer answers either (worker.contact); 0: never.
     orphan_timeout: float = 0.0
+    # Keep a standby interpreter with TensorFlow imported for the next attempt (worker.warm).
+    warm_restart: bool = False
+    # How long the task's standby keeper waits for the next attempt's agent before it ends.
+    standby_linger: float = 60.0
     version: int = SPEC_VERSION
 
     @property

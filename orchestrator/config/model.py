@@ -260,6 +260,10 @@ class RestartSection(_Model):
     regrow: bool = False
     # A host replaced by a spare rests this long before it may serve as a spare itself.
     quarantine: Annotated[Seconds, Field(ge=0)] = 300.0
+    # Warm restarts: each task keeps a standby interpreter with TensorFlow imported, and a
+    # restart runs the entrypoint in it (no interpreter start, no import). Not on Slurm (a step
+    # ends with every process in it) nor with entrypoint.instrument = false.
+    warm_restart: bool = True
 
 
 class StrategySection(_Model):

@@ -1,0 +1,109 @@
+"""Warm restarts: each task keeps a standby interpreter with TensorFlow imported (worker/standby.py)
+and a restart runs the entrypoint in it. Real TensorFlow MWMS on the CPU, with a script that
+imports nothing of ours (tests/fixtures/plain_fit.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import (
+    REPO,
+    CliResult,
+    job_processes,
+    job_view,
+    launch_detached,
+    two_worker_config,
+    wait_for,
+    wait_for_end,
+)
+
+pytestmark = pytest.mark.slow
+PLAIN_FIT = REPO / "tests" / "fixtures" / "plain_fit.py"
+READY = re.compile(r"warm standby ready for a restart: pid (\d+), RSS (\d+) MB")
+
+
+def _config(tmp_path: Path) -> Path:
+    backup = tmp_path / "shared" / "backup"
+    entry = (
+        f'script = "{PLAIN_FIT}"\n'
+        f'args = ["--epochs", "40", "--backup-dir", "{backup}", "--step-delay", "0.03"]\n'
+        'env = { TF_CPP_MIN_LOG_LEVEL = "2", SHOW_STARTUP = "1" }'
+    )
+    return two_worker_config(tmp_path, "warm", entry)
+
+
+def _log(tmp_path: Path, job_id: str, task: int) -> str:
+    path = tmp_path / "shared" / job_id / "logs" / f"worker-{task}.log"
+    return path.read_text() if path.exists() else ""
+
+
+def _standbys(tmp_path: Path, job_id: str) -> dict[int, list[int]]:
+    """Each task's standby pids, in the order they became ready."""
+    return {i: [int(m[0]) for m in READY.findall(_log(tmp_path, job_id, i))] for i in (0, 1)}
+
+
+def _startups(log: str) -> list[dict]:
+    return [json.loads(m) for m in re.findall(r"^startup (\{.*\})$", log, re.M)]
+
+
+def _kill_a_trainer_and_finish(
+    tmp_path: Path, cli: Callable[..., CliResult], job_id: str, reap: list[int]
+) -> dict:
+    job = job_view(cli, job_id)
+    reap.extend(t["pid"] for t in job["tasks"] if t["pid"])
+    os.kill(job["tasks"][1]["pid"], signal.SIGKILL)
+    job = wait_for_end(cli, job_id, timeout=300)
+    assert job["state"] == "succeeded", job["last_cause"]
+    assert job["restarts"] == 1
+    assert all(t["initial_epoch"] > 0 for t in job["tasks"])  # resumed from the checkpoint
+    wait_for(lambda: not job_processes(job_id), 15)  # keepers and standbys too
+    return job
+
+
+def test_a_restart_runs_in_the_standby_and_the_script_sees_a_fresh_start(
+    tmp_path: Path, cli: Callable[..., CliResult], reap_pids: list[int]
+) -> None:
+    job_id = launch_detached(cli, _config(tmp_path), reap_pids)
+    ready = wait_for(lambda: (s := _standbys(tmp_path, job_id)) and all(s.values()) and s, 240)
+    assert isinstance(ready, dict)
+    reap_pids.extend(pid for pids in ready.values() for pid in pids)
+    _kill_a_trainer_and_finish(tmp_path, cli, job_id, reap_pids)
+    for i in (0, 1):
+        log = _log(tmp_path, job_id, i)
+        standby = ready[i][0]
+        assert f"warm start: the standby (pid {standby}) runs the entrypoint" in log, log
+        cold, warm = _startups(log)[:2]
+        # The script sees what a cold start shows it: its own __main__ (nothing left from
+        # an earlier run), its argv, this attempt's TF_CONFIG and environment, its directory.
+        for seen in (cold, warm):
+            assert seen["name"] == "__main__" and seen["runs"] == 1
+            assert seen["argv"][0] == str(PLAIN_FIT) and seen["argv"][1:3] == ["--epochs", "40"]
+            assert json.loads(seen["tf_config"])["task"] == {"type": "worker", "index": i}
+            assert seen["cwd"] == cold["cwd"]
+        assert (cold["attempt"], warm["attempt"]) == ("0", "1")
+        assert not cold["tf_imported"] and warm["tf_imported"]  # the standby had imported it
+
+
+def test_a_standby_killed_before_the_restart_is_replaced_and_the_restart_is_still_warm(
+    tmp_path: Path, cli: Callable[..., CliResult], reap_pids: list[int]
+) -> None:
+    job_id = launch_detached(cli, _config(tmp_path), reap_pids)
+    ready = wait_for(lambda: (s := _standbys(tmp_path, job_id)) and all(s.values()) and s, 240)
+    assert isinstance(ready, dict)
+    first = ready[0][0]
+    os.kill(first, signal.SIGKILL)
+    replaced = wait_for(lambda: len(_standbys(tmp_path, job_id)[0]) >= 2, 240)
+    assert replaced
+    second = _standbys(tmp_path, job_id)[0][1]
+    assert second != first
+    reap_pids.append(second)
+    _kill_a_trainer_and_finish(tmp_path, cli, job_id, reap_pids)
+    log = _log(tmp_path, job_id, 0)
+    assert f"warm start: the standby (pid {second}) runs the entrypoint" in log, log

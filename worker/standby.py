@@ -1,0 +1,273 @@
+"""Warm standby trainers: `python .../worker/standby.py JOB_ID TASK_INDEX LINGER LOG`.
+
+A restart costs a new interpreter and a TensorFlow import (seconds) before the user's script
+even starts. The keeper, one per task per host, holds a standby interpreter that has imported
+TensorFlow (`bootstrap.py --standby`: no user code) and waits; the next attempt's agent asks the
+keeper to activate it with the new TF_CONFIG, and the standby runs the entrypoint through the
+same bootstrap as a cold start.
+
+Why a keeper: the agent of an attempt is stopped with its process group at a restart, so it
+cannot be the standby's parent across attempts; the keeper is (own session), knows the
+trainer's exact exit status, and passes it to the agent that activated it. The keeper keeps the
+agent's promises: a trainer never outlives the agent that runs it (the agent's connection
+closes: the trainer is killed), and nothing outlives the job (no agent for LINGER seconds: the
+keeper ends its standby and exits; the supervisor also sweeps the job's processes at the end).
+
+Agents find the keeper by an abstract unix socket named for the job and task (host-local,
+scoped to the network namespace), and only processes of the same user are served
+(SO_PEERCRED). JSON lines, agent -> keeper:
+  {"op": "prepare", "fingerprint": F, "env": {...}, "python": P}  start a standby (if none, or
+      replace one whose fingerprint differs); the keeper answers {"ok": true} at once and
+      later {"standby": PID, "rss": BYTES} once the standby has imported TensorFlow
+  {"op": "activate", "fingerprint": F, "env": {...}, "target": [...], "cwd": D, "log": L}
+      -> {"ok": true, "pid": PID} (the standby is now this agent's trainer) or
+         {"ok": false, "reason": "..."} (the agent starts a cold trainer)
+keeper -> agent: {"exit": CODE} when the trainer ended (128+N for signal N).
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+from typing import Any
+
+_PR_SET_PDEATHSIG = 1
+BOOTSTRAP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bootstrap.py")
+READY = b"ready\n"
+MAX_STANDBY_DEATHS = 3
+
+
+def socket_name(job_id: str, task_index: int) -> str:
+    return f"\0orchestrate-standby-{os.getuid()}-{job_id}-{task_index}"
+
+
+def _die_with_parent() -> None:
+    import ctypes
+
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def rss_bytes(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/statm") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+class Child:
+    """A standby interpreter (until activated: then the trainer), our child in its own session."""
+
+    def __init__(self, python: str, env: dict[str, str], fingerprint: str, log: str) -> None:
+        self.fingerprint = fingerprint
+        ours, theirs = socket.socketpair()
+        with open(log, "ab") as out:
+            self.proc = subprocess.Popen(
+                [python, BOOTSTRAP, "--standby", str(theirs.fileno())],
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                pass_fds=(theirs.fileno(),),
+                start_new_session=True,
+                preexec_fn=_die_with_parent,  # the keeper gone: nothing of ours lives on
+            )
+        theirs.close()
+        self.control = ours
+        self.ready = False
+        self.active = False
+        self.pidfd = os.pidfd_open(self.proc.pid)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except OSError:
+                self.proc.kill()
+        self.proc.wait()
+        self.close()
+
+    def close(self) -> None:
+        self.control.close()
+        with contextlib.suppress(OSError):
+            os.close(self.pidfd)
+
+
+class Keeper:
+    def __init__(self, job_id: str, task_index: int, linger: float, log: str) -> None:
+        self.linger = linger
+        self.log = log
+        self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.server.bind(socket_name(job_id, task_index))  # raises when one runs already
+        self.server.listen(4)
+        self.agent: socket.socket | None = None
+        self.agent_buffer = b""
+        self.standby: Child | None = None
+        self.trainer: Child | None = None
+        self.alone_since: float | None = None  # no agent connected since then
+        self.prepared: dict[str, Any] | None = None  # the latest prepare request
+        self.deaths = 0  # standbys that died while waiting
+
+    def _send(self, message: dict[str, Any]) -> None:
+        if self.agent is not None:
+            try:
+                self.agent.sendall(json.dumps(message).encode() + b"\n")
+            except OSError:
+                self._agent_gone()
+
+    def _agent_gone(self) -> None:
+        if self.agent is not None:
+            self.agent.close()
+        self.agent = None
+        self.agent_buffer = b""
+        self.alone_since = time.monotonic()
+        if self.trainer is not None:  # the trainer never outlives its agent
+            self.trainer.kill()
+            self.trainer = None
+
+    def _accept(self) -> None:
+        conn, _ = self.server.accept()
+        creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        _, uid, _ = struct.unpack("3i", creds)
+        if uid != os.getuid() or self.agent is not None:  # another user, or a second agent
+            conn.close()
+            return
+        self.agent = conn
+        self.alone_since = None
+
+    def _prepare(self, request: dict[str, Any]) -> dict[str, Any]:
+        self.prepared = request
+        if self.standby is not None and (
+            self.standby.fingerprint != request["fingerprint"]
+            or self.standby.proc.poll() is not None
+        ):
+            self.standby.kill()  # another environment, or it died: replaced, never used
+            self.standby = None
+        if self.standby is None:
+            self.standby = Child(request["python"], request["env"], request["fingerprint"],
+                                 self.log)  # fmt: skip
+        return {"ok": True}
+
+    def _replace_dead_standby(self) -> None:
+        """A standby that died while waiting is replaced (a few times: one that cannot import
+        TensorFlow would only die again), never used."""
+        assert self.standby is not None
+        self.standby.proc.wait()
+        self.standby.close()
+        self.standby = None
+        self.deaths += 1
+        if self.prepared is not None and self.deaths <= MAX_STANDBY_DEATHS:
+            self._prepare(self.prepared)
+
+    def _activate(self, request: dict[str, Any]) -> dict[str, Any]:
+        standby = self.standby
+        if self.trainer is not None:
+            return {"ok": False, "reason": "the previous trainer is still running"}
+        if standby is None:
+            return {"ok": False, "reason": "no standby"}
+        if standby.proc.poll() is not None:
+            self.standby = None
+            standby.close()
+            return {"ok": False, "reason": f"the standby died (exit {standby.proc.returncode})"}
+        if standby.fingerprint != request["fingerprint"]:
+            self.standby = None
+            standby.kill()
+            return {"ok": False, "reason": "the environment or Python changed"}
+        if not standby.ready:
+            return {"ok": False, "reason": "the standby is still importing TensorFlow"}
+        order = {k: request[k] for k in ("env", "target", "cwd", "log")}
+        try:
+            standby.control.sendall(json.dumps(order).encode() + b"\n")
+        except OSError as exc:
+            self.standby = None
+            standby.kill()
+            return {"ok": False, "reason": f"the standby did not take it ({exc})"}
+        standby.active = True
+        self.trainer, self.standby = standby, None
+        return {"ok": True, "pid": standby.proc.pid}
+
+    def _on_agent_data(self) -> None:
+        assert self.agent is not None
+        try:
+            data = self.agent.recv(1 << 16)
+        except OSError:
+            data = b""
+        if not data:
+            self._agent_gone()
+            return
+        self.agent_buffer += data
+        while b"\n" in self.agent_buffer:
+            line, self.agent_buffer = self.agent_buffer.split(b"\n", 1)
+            request = json.loads(line)
+            if request["op"] == "prepare":
+                self._send(self._prepare(request))
+            elif request["op"] == "activate":
+                self._send(self._activate(request))
+
+    def serve(self) -> int:
+        self.alone_since = time.monotonic()
+        while True:
+            watched: list[Any] = [self.server]
+            if self.agent is not None:
+                watched.append(self.agent)
+            if self.standby is not None:
+                watched += [self.standby.pidfd]
+                if not self.standby.ready:
+                    watched.append(self.standby.control)
+            if self.trainer is not None:
+                watched.append(self.trainer.pidfd)
+            ready, _, _ = select.select(watched, [], [], 1.0)
+            for item in ready:
+                if item is self.server:
+                    self._accept()
+                elif item is self.agent:
+                    self._on_agent_data()
+                elif self.standby is not None and item is self.standby.control:
+                    if self.standby.control.recv(len(READY)) == READY:
+                        self.standby.ready = True
+                        pid = self.standby.proc.pid
+                        self._send({"standby": pid, "rss": rss_bytes(pid)})
+                elif self.standby is not None and item == self.standby.pidfd:
+                    self._replace_dead_standby()
+                elif self.trainer is not None and item == self.trainer.pidfd:
+                    returncode = self.trainer.proc.wait()
+                    code = 128 - returncode if returncode < 0 else returncode
+                    self.trainer.close()
+                    self.trainer = None
+                    self._send({"exit": code})
+            if (
+                self.agent is None
+                and self.alone_since is not None
+                and time.monotonic() - self.alone_since > self.linger
+            ):
+                if self.standby is not None:
+                    self.standby.kill()
+                return 0
+
+
+def main(argv: list[str]) -> int:
+    job_id, task_index, linger, log = argv[0], int(argv[1]), float(argv[2]), argv[3]
+    try:
+        keeper = Keeper(job_id, task_index, linger, log)
+    except OSError:  # one is serving this task already
+        return 0
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
+    try:
+        return keeper.serve()
+    finally:  # a stop or the end of the job: nothing of ours lives on (PDEATHSIG does too)
+        for child in (keeper.standby, keeper.trainer):
+            if child is not None:
+                child.kill()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
