@@ -24,6 +24,8 @@ root for the namespaced test bed; without it they are reported as skipped, with 
 | P11 | a host's link down -> training resumed on a spare | the same TensorFlow failure time |
 | P12 | Slurm: trainer SIGKILLed -> resumed, a new step in the allocation | cold start, sbatch |
 | P13 | Slurm: `launch` to every task's first epoch done | sbatch + srun by hand |
+| P14 | trainer SIGKILLed -> training resumed, in the warm standby | P2's cold start (target 0.5x) |
+| P14b | RSS of a warm standby when ready | a trainer's RSS |
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ from bench_measure import (  # noqa: E402
 from bench_rows import Row, draw_chart, render_table  # noqa: E402
 from bench_slurm import rows as slurm_row_defs  # noqa: E402
 from bench_slurm import slurm_rows  # noqa: E402
+from bench_warm import kill_and_resume  # noqa: E402
 
 
 def run_suite(quick: bool) -> list[Row]:
@@ -144,6 +147,22 @@ def run_suite(quick: bool) -> list[Row]:
     }
     rows["P10"], rows["P11"] = host_loss_row_defs()
     rows["P12"], rows["P13"] = slurm_row_defs()
+    rows["P14"] = Row(
+        "P14",
+        "trainer SIGKILL -> training resumed, warm standby",
+        "s",
+        kind="ratio",
+        target_ratio=0.5,
+        baseline_label="P2 cold start",
+        target="<= 0.5x P2",
+    )
+    rows["P14b"] = Row(
+        "P14b",
+        "RSS of a warm standby, ready",
+        "MB",
+        baseline_label="a trainer's RSS",
+        target="<= a trainer's",
+    )
     with tempfile.TemporaryDirectory(prefix="orch-bench-") as tmp:
         root = Path(tmp)
         (root / "shared").mkdir()
@@ -199,6 +218,14 @@ def run_suite(quick: bool) -> list[Row]:
         rows["P11"].target = f"<= 5 s + P2 + 3 s = {5.0 + p2 + 3.0:.1f} s"
         print("P12/P13 the Slurm test bed ...", flush=True)
         slurm_rows(root, 1 if quick else 2, rows["P12"], rows["P13"])
+        print("P14 warm restarts ...", flush=True)
+        for _ in range(repeat):
+            warm = kill_and_resume(root, home, warm=True)
+            rows["P14"].values.append(warm["resumed"])
+            rows["P14b"].values.append(warm["standby_rss"])
+            rows["P14b"].baseline.append(warm["trainer_rss"])
+        rows["P14"].baseline = list(rows["P2"].values)
+        rows["P14b"].target_value = rows["P14b"].base
     return list(rows.values())
 
 

@@ -287,7 +287,8 @@ def callback_ab(root: Path, rounds: int) -> list[tuple[float, float]]:
 
 
 def orchestrate_kill(root: Path, home: Path, epochs: int) -> dict[str, float]:
-    config = local_config(root, epochs)
+    # A cold restart (a new interpreter, TensorFlow imported again); P14 measures a warm one.
+    config = local_config(root, epochs, extra="warm_restart = false")
     env = orch_env(home)
     out = subprocess.run(
         [PY, "-m", "orchestrator", "launch", "--detach", str(config)],

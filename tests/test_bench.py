@@ -52,6 +52,8 @@ def test_quick_benchmark_produces_every_row(tmp_path: Path) -> None:
             "P11",
             "P12",
             "P13",
+            "P14",
+            "P14b",
         )
     }
     for row in rows.values():
@@ -60,7 +62,7 @@ def test_quick_benchmark_produces_every_row(tmp_path: Path) -> None:
             continue
         assert row["value"] is not None and row["value"] > 0, row
         assert row["met"] in (True, False), row
-    for row_id in ("P1", "P2", "P3", "P4", "P9", "P9b", "P10", "P12", "P13"):
+    for row_id in ("P1", "P2", "P3", "P4", "P9", "P9b", "P10", "P12", "P13", "P14", "P14b"):
         if not rows[row_id]["skipped"]:
             assert rows[row_id]["base"] and rows[row_id]["ratio"], rows[row_id]
     assert (out / "results.png").stat().st_size > 10_000
