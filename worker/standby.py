@@ -226,6 +226,8 @@ class Keeper:
             if self.trainer is not None:
                 watched.append(self.trainer.pidfd)
             ready, _, _ = select.select(watched, [], [], 1.0)
+            # A new connection last: the old agent's goodbye, read first, makes room for it.
+            ready.sort(key=lambda item: item is self.server)
             for item in ready:
                 if item is self.server:
                     self._accept()

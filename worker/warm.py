@@ -132,6 +132,10 @@ class KeeperLink:
             return {"ok": False, "reason": f"the keeper did not answer ({exc})"}
 
     def close(self) -> None:
+        # shutdown first: the reader thread's pending recv would keep a bare close() from
+        # reaching the keeper.
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
         with contextlib.suppress(OSError):
             self.sock.close()
 
