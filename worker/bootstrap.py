@@ -149,9 +149,22 @@ def main() -> None:
         _die_as_the_interpreter_would(exc)
 
 
+def _may_leave_idle() -> bool:
+    """Whether this process may go back from SCHED_IDLE to the normal policy: root (or
+    CAP_SYS_NICE, not checked), or an RLIMIT_NICE that allows nice 0. Otherwise the kernel
+    refuses, and a trainer would be left at idle priority: the standby then imports at normal
+    priority instead."""
+    import resource
+
+    soft = resource.getrlimit(resource.RLIMIT_NICE)[0]
+    return os.geteuid() == 0 or soft == resource.RLIM_INFINITY or soft >= 20
+
+
 def _scheduling(idle: bool) -> None:
     """The standby imports at idle priority, beside a trainer that wants the CPU; activated,
     every thread it has goes back to the normal policy."""
+    if not _may_leave_idle():
+        return
     policy = os.SCHED_IDLE if idle else os.SCHED_OTHER
     threads = [0] if idle else [int(t) for t in os.listdir("/proc/self/task")]
     for tid in threads:
