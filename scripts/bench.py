@@ -49,7 +49,7 @@ from bench_hostloss import rows as host_loss_row_defs  # noqa: E402
 from bench_infra import agent_rss, dry_run_1000, ssh_rows, status_with_store, trainer_rss  # noqa: E402
 from bench_measure import (  # noqa: E402
     callback_ab,
-    orchestrate_kill,
+    kill_and_resume,
     orchestrate_run,
     plain_run,
     raw_run,
@@ -57,7 +57,6 @@ from bench_measure import (  # noqa: E402
 from bench_rows import Row, draw_chart, render_table  # noqa: E402
 from bench_slurm import rows as slurm_row_defs  # noqa: E402
 from bench_slurm import slurm_rows  # noqa: E402
-from bench_warm import kill_and_resume  # noqa: E402
 
 
 def run_suite(quick: bool) -> list[Row]:
@@ -198,8 +197,8 @@ def run_suite(quick: bool) -> list[Row]:
         )
         print("P4/P5 kill and recovery ...", flush=True)
         for _ in range(repeat):
-            result = orchestrate_kill(root, home, 30)
-            rows["P4"].values.append(result["stopping"])
+            result = kill_and_resume(root, home, warm=False)
+            rows["P4"].values.append(result["seen"])
             rows["P5"].values.append(result["resumed"])
             rows["P4"].baseline.append(raw_run(root, 30, kill_at_epoch=3)["survivor_exit"])
         p2 = rows["P2"].value or 0.0

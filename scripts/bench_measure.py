@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import statistics
@@ -286,25 +287,36 @@ def callback_ab(root: Path, rounds: int) -> list[tuple[float, float]]:
 # --- P4 / P5: failure detection and recovery ------------------------------------------------
 
 
-def orchestrate_kill(root: Path, home: Path, epochs: int) -> dict[str, float]:
-    # A cold restart (a new interpreter, TensorFlow imported again); P14 measures a warm one.
-    config = local_config(root, epochs, extra="warm_restart = false")
+READY = re.compile(r"warm standby ready for a restart: pid (\d+), RSS (\d+) MB")
+
+
+def _rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/statm") as fh:
+        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def kill_and_resume(root: Path, home: Path, warm: bool) -> dict[str, float]:
+    config = local_config(root, 30, extra=f"warm_restart = {'true' if warm else 'false'}")
     env = orch_env(home)
-    out = subprocess.run(
-        [PY, "-m", "orchestrator", "launch", "--detach", str(config)],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=REPO,
-        check=True,
-    )
+    out = subprocess.run([PY, "-m", "orchestrator", "launch", "--detach", str(config)],
+                         capture_output=True, text=True, env=env, cwd=REPO, check=True)  # fmt: skip
     job_id = out.stdout.split()[1]
+    logs = [Path(root / "shared" / job_id / "logs" / f"worker-{i}.log") for i in (0, 1)]
 
-    def training() -> dict | None:
+    def ready() -> dict | None:
         job = status_json(home, job_id)["jobs"][0]
-        return job if all(t["epoch"] >= 3 for t in job["tasks"]) else None
+        if not all(t["epoch"] >= 3 for t in job["tasks"]):
+            return None
+        if warm and not all(READY.search(p.read_text()) for p in logs):
+            return None
+        return job
 
-    job = wait(training, 120)
+    job = wait(ready, 240)
+    result: dict[str, float] = {}
+    if warm:
+        standbys = [int(READY.search(p.read_text()).group(1)) for p in logs]  # type: ignore[union-attr]
+        result["standby_rss"] = statistics.mean(_rss_mb(p) for p in standbys)
+        result["trainer_rss"] = statistics.mean(_rss_mb(t["pid"]) for t in job["tasks"])  # type: ignore[index]
     killed = time.time()
     os.kill(job["tasks"][1]["pid"], signal.SIGKILL)  # type: ignore[index]
 
@@ -313,24 +325,23 @@ def orchestrate_kill(root: Path, home: Path, epochs: int) -> dict[str, float]:
         ok = all(t["attempt"] == 1 and t["first_step_at"] for t in job["tasks"])
         return job if ok else None
 
-    job = wait(resumed, 120)
-    failure = next(e["ts"] for e in job["events"] if e["kind"] == "failure")  # type: ignore[index]
-    # The new attempt's first step, as each trainer itself printed it (as P2 measures it).
-    firsts = []
-    for i in (0, 1):
-        log = Path(job["job_dir"]) / "logs" / f"worker-{i}.log"  # type: ignore[index]
-        stamps = [
-            float(line.split()[2])
-            for line in log.read_text().splitlines()
-            if line.startswith("BENCH first_step ")
-        ]
-        firsts.append(stamps[-1])
-    first = max(firsts)
-    subprocess.run(
-        [PY, "-m", "orchestrator", "stop", job_id],
-        env=env,
-        cwd=REPO,
-        capture_output=True,
-        check=True,
+    job = wait(resumed, 240)
+    events = {e["kind"]: e["ts"] for e in job["events"]}  # type: ignore[index]
+    first = max(
+        float(line.split()[2])
+        for p in logs
+        for line in p.read_text().splitlines()[-400:]
+        if line.startswith("BENCH first_step ")
     )
-    return {"stopping": failure - killed, "resumed": first - killed}
+    text = logs[0].read_text()
+    result["warm_used"] = float("warm start: the standby" in text)
+    subprocess.run([PY, "-m", "orchestrator", "stop", job_id], env=env, cwd=REPO,
+                   capture_output=True, check=True)  # fmt: skip
+    result.update(
+        resumed=first - killed,
+        seen=events["failure"] - killed,
+        stopped=events["restart"] - events["failure"],
+        started=events["launched"] - events["restart"],
+        trainer=first - events["launched"],
+    )
+    return result

@@ -16,86 +16,14 @@ RSS  the standby's resident size when it is ready, beside a trainer's.
 from __future__ import annotations
 
 import argparse
-import os
-import re
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_measure import (
-    PY,
-    REPO,
-    local_config,
-    orch_env,
-    orchestrate_run,
-    status_json,
-    wait,
-)
-
-READY = re.compile(r"warm standby ready for a restart: pid (\d+), RSS (\d+) MB")
-
-
-def _rss_mb(pid: int) -> float:
-    with open(f"/proc/{pid}/statm") as fh:
-        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-
-
-def kill_and_resume(root: Path, home: Path, warm: bool) -> dict[str, float]:
-    config = local_config(root, 30, extra=f"warm_restart = {'true' if warm else 'false'}")
-    env = orch_env(home)
-    out = subprocess.run([PY, "-m", "orchestrator", "launch", "--detach", str(config)],
-                         capture_output=True, text=True, env=env, cwd=REPO, check=True)  # fmt: skip
-    job_id = out.stdout.split()[1]
-    logs = [Path(root / "shared" / job_id / "logs" / f"worker-{i}.log") for i in (0, 1)]
-
-    def ready() -> dict | None:
-        job = status_json(home, job_id)["jobs"][0]
-        if not all(t["epoch"] >= 3 for t in job["tasks"]):
-            return None
-        if warm and not all(READY.search(p.read_text()) for p in logs):
-            return None
-        return job
-
-    job = wait(ready, 240)
-    result: dict[str, float] = {}
-    if warm:
-        standbys = [int(READY.search(p.read_text()).group(1)) for p in logs]  # type: ignore[union-attr]
-        result["standby_rss"] = statistics.mean(_rss_mb(p) for p in standbys)
-        result["trainer_rss"] = statistics.mean(_rss_mb(t["pid"]) for t in job["tasks"])  # type: ignore[index]
-    killed = time.time()
-    os.kill(job["tasks"][1]["pid"], signal.SIGKILL)  # type: ignore[index]
-
-    def resumed() -> dict | None:
-        job = status_json(home, job_id)["jobs"][0]
-        ok = all(t["attempt"] == 1 and t["first_step_at"] for t in job["tasks"])
-        return job if ok else None
-
-    job = wait(resumed, 240)
-    events = {e["kind"]: e["ts"] for e in job["events"]}  # type: ignore[index]
-    first = max(
-        float(line.split()[2])
-        for p in logs
-        for line in p.read_text().splitlines()[-400:]
-        if line.startswith("BENCH first_step ")
-    )
-    text = logs[0].read_text()
-    result["warm_used"] = float("warm start: the standby" in text)
-    subprocess.run([PY, "-m", "orchestrator", "stop", job_id], env=env, cwd=REPO,
-                   capture_output=True, check=True)  # fmt: skip
-    result.update(
-        resumed=first - killed,
-        seen=events["failure"] - killed,
-        stopped=events["restart"] - events["failure"],
-        started=events["launched"] - events["restart"],
-        trainer=first - events["launched"],
-    )
-    return result
+from bench_measure import kill_and_resume, orchestrate_run
 
 
 def main() -> int:
