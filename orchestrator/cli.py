@@ -149,7 +149,11 @@ def _supervise(
     with failing_job_on_error(store, job.id):
         cfg = config()
         sink = console_sink(log_copies_dir(job.id), store.path, job.id, verbose, plain)
-        supervisor = Supervisor(store, job, cfg, sink)
+        try:
+            supervisor = Supervisor(store, job, cfg, sink)
+        except BaseException:
+            sink.close()  # the live panel too: the terminal is handed back as it was
+            raise
     supervisor.install_signal_handlers()
     state = supervisor.adopt() if adopt else supervisor.run()
     if state != JobState.SUCCEEDED:
