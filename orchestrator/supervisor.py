@@ -40,7 +40,7 @@ from orchestrator.restart_policy import plan_restart
 from orchestrator.states import JobState
 from orchestrator.store import JobRecord, Store
 from orchestrator.tick import Group, Tick, Watch
-from worker.proctl import identity
+from worker.proctl import identity, not_nested
 
 
 class Supervisor:
@@ -80,7 +80,7 @@ class Supervisor:
             self.stop_requested.set()
 
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            signal.signal(sig, on_signal)
+            signal.signal(sig, not_nested(on_signal))
 
     # --- entry points -------------------------------------------------------------------
     def run(self) -> JobState:

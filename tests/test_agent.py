@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import wait_for
+from tests.conftest import REPO, wait_for
 from worker.proctl import is_alive
 from worker.spec import AgentState, TaskStatus, WorkerSpec
 
@@ -116,3 +116,32 @@ def test_unstartable_trainer_fails_cleanly(tmp_path: Path, bad_argv: list[str]) 
     assert code == 127
     assert (s := _status(spec)) is not None and s.state == AgentState.FAILED
     assert "cannot start trainer" in Path(spec.layout.log_path(0)).read_text()
+
+
+NESTED_SIGNALS = """
+import os, signal, sys, threading
+from worker.proctl import not_nested
+stop = threading.Event()
+calls = []
+def handler(signum, frame):
+    calls.append(signum)
+    stop.set()  # takes the Event's lock, as the agent's and the supervisor's handlers do
+    if len(calls) == 1:  # a second SIGTERM arrives while the first handler runs
+        with stop._cond:  # the lock held, as inside Event.set
+            os.kill(os.getpid(), signal.SIGTERM)
+            sum(range(200000))  # bytecodes: where Python runs a pending handler
+signal.signal(signal.SIGTERM, not_nested(handler) if sys.argv[1] == "wrapped" else handler)
+threading.Timer(5, lambda: os._exit(3)).start()  # the main thread deadlocked
+os.kill(os.getpid(), signal.SIGTERM)
+stop.wait(5)
+os._exit(0)
+"""
+
+
+@pytest.mark.parametrize(("mode", "code"), [("bare", 3), ("wrapped", 0)])
+def test_a_second_signal_inside_a_handler_does_not_deadlock_it(mode: str, code: int) -> None:
+    """The hang behind Slurm's time-limit test: two SIGTERMs at once (Slurm's and the agent's
+    forward), the second run inside the first handler while it held threading.Event's lock."""
+    proc = subprocess.run([sys.executable, "-c", NESTED_SIGNALS, mode], cwd=REPO, timeout=30,
+                          check=False)  # fmt: skip
+    assert proc.returncode == code

@@ -25,6 +25,7 @@ from types import FrameType
 from typing import BinaryIO
 
 from worker.contact import cut_off, forget, peer_endpoints
+from worker.proctl import not_nested
 from worker.spec import (
     ENV_ATTEMPT,
     ENV_JOB_DIR,
@@ -146,7 +147,7 @@ class Agent:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self.progress_path.unlink(missing_ok=True)
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            signal.signal(sig, self._on_stop_signal)
+            signal.signal(sig, not_nested(self._on_stop_signal))
         self._write_status(AgentState.STARTING)
 
         with open(self.log_path, "ab", buffering=0) as log:

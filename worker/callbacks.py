@@ -176,13 +176,15 @@ class _PreemptionMixin:
         super().__init__()
         tf = self._tf
         self.exit_code = preemption_exit_code() if exit_code is None else exit_code
-        self._signalled = threading.Event()
+        # A plain flag, not a threading.Event: a handler must take no lock (a second SIGTERM
+        # can run the handler again inside the first, between two bytecodes).
+        self._signalled = False
         self._previous = signal.getsignal(signal.SIGTERM)
         self._installed = False
         # A Python handler the script installed is the script's business; TensorFlow's own
         # (installed in C when MWMS starts) shows as SIG_DFL or None and swallows SIGTERM.
         if threading.current_thread() is threading.main_thread() and not callable(self._previous):
-            signal.signal(signal.SIGTERM, lambda signum, frame: self._signalled.set())
+            signal.signal(signal.SIGTERM, self._on_sigterm)
             self._installed = True
 
         @tf.function
@@ -192,8 +194,11 @@ class _PreemptionMixin:
 
         self._count_signalled = count_signalled
 
+    def _on_sigterm(self, signum: int, frame: Any) -> None:
+        self._signalled = True
+
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
-        flag = self._tf.constant(1.0 if self._signalled.is_set() else 0.0)
+        flag = self._tf.constant(1.0 if self._signalled else 0.0)
         if float(self._count_signalled(flag)) > 0:
             print(f"preempted: checkpointed epoch {epoch + 1}, exiting with "
                   f"{self.exit_code} for a restart", flush=True)  # fmt: skip

@@ -23,7 +23,32 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from types import FrameType
+
+SignalHandler = Callable[[int, FrameType | None], None]
+
+
+def not_nested(handler: SignalHandler) -> SignalHandler:
+    """A signal handler that a second signal, arriving while it runs, does not enter again.
+    Python runs a handler between any two bytecodes, even inside another handler; a handler
+    that takes a lock (threading.Event.set does) would then wait forever on the lock its
+    outer call holds, and the main thread with it. Two SIGTERMs at once are common: Slurm
+    signals a step's process group, and the agent forwards its own. The outer call does what
+    the dropped one would have (handlers here are idempotent)."""
+    running = False
+
+    def once(signum: int, frame: FrameType | None) -> None:
+        nonlocal running
+        if running:
+            return
+        running = True
+        try:
+            handler(signum, frame)
+        finally:
+            running = False
+
+    return once
 
 
 def _stat_fields(pid: int) -> list[str] | None:
