@@ -1,0 +1,149 @@
+#!/usr/bin/env python3
+"""What supervision costs the coordinator as hosts are added (issue 16's curve), on namespaced
+SSH hosts (scripts/testbed.py) with stand-in trainers (scripts/bench_scale_trainer.py: progress
+and a line a second, like a Keras fit, no TensorFlow), so the figures are the coordinator's.
+
+For each size: `launch --detach`, wait until every task steps, then over a window of steady
+training the detached supervisor's CPU (per host per second) and resident size; then one
+trainer SIGKILLed and the time until the supervisor begins stopping (P4).
+
+    sudo uv run python scripts/bench_scale.py --hosts 16 64 [--window 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import testbed as tb
+from bench_measure import PY, REPO, orch_env, status_json, wait
+
+TRAINER = Path(__file__).resolve().with_name("bench_scale_trainer.py")
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as fh:
+        fields = fh.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK  # utime, stime
+
+
+def _rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as fh:
+        for line in fh:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def _config(bed: tb.Testbed, hosts: int, root: Path) -> Path:
+    text = Path(bed.cluster_toml).read_text()
+    text = text.replace('module = "worker.examples.digits"', f'script = "{TRAINER}"')
+    text = text.replace('args = ["--epochs", "8"]', "args = []")
+    # Every namespaced host shares this machine's cores: 64 helpers starting at once take
+    # longer than a real host's one.
+    text = text.replace("connect_timeout = 5.0", "connect_timeout = 60.0")
+    head, _, _ = text.partition("[[backend.hosts]]")
+    # A stand-in reports "training" without TensorFlow: no standby to import it for.
+    head += "\n[restart]\nwarm_restart = false\nmax_restarts = 0\n\n"
+    body = "".join(
+        f'[[backend.hosts]]\naddress = "{h.address}"\nname = "{h.name}"\n\n'
+        for h in bed.hosts[:hosts]
+    )
+    path = root / f"scale-{hosts}.toml"
+    path.write_text(head + body)
+    return path
+
+
+def measure(bed: tb.Testbed, hosts: int, root: Path, window: float) -> dict[str, float]:
+    home = root / f"home-{hosts}"
+    env = orch_env(home)
+    config = _config(bed, hosts, root)
+    argv = [PY, "-m", "orchestrator", "launch", "--detach", str(config)]
+    out = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=REPO, timeout=600)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    job_id = out.stdout.split()[1]
+    try:
+        job = wait(
+            lambda: (
+                (j := status_json(home, job_id)["jobs"][0])
+                and all(t["step"] > 0 for t in j["tasks"])
+                and j
+            ),
+            300,
+            interval=0.5,
+        )
+        supervisor = job["supervisor"]["pid"]  # type: ignore[index]
+        time.sleep(3.0)  # past the start: steady training
+        cpu0, t0 = _cpu_seconds(supervisor), time.monotonic()
+        time.sleep(window)
+        cpu = _cpu_seconds(supervisor) - cpu0
+        elapsed = time.monotonic() - t0
+        rss = _rss_mb(supervisor)
+        job = status_json(home, job_id)["jobs"][0]
+        victim = job["tasks"][len(job["tasks"]) // 2]["pid"]
+        killed = time.time()
+        os.kill(victim, signal.SIGKILL)
+        ended = wait(
+            lambda: next(
+                (e["ts"] for e in status_json(home, job_id)["jobs"][0]["events"]
+                 if e["kind"] == "failure"),
+                None,
+            ),
+            120,
+            interval=0.05,
+        )  # fmt: skip
+        return {
+            "hosts": hosts,
+            "cpu_ms_per_host_s": cpu / elapsed / hosts * 1000,
+            "cpu_share": cpu / elapsed,
+            "rss_mb": rss,
+            "p4_s": float(ended) - killed,  # type: ignore[arg-type]
+        }
+    finally:
+        subprocess.run([PY, "-m", "orchestrator", "stop", job_id], env=env, cwd=REPO,
+                       capture_output=True, timeout=600)  # fmt: skip
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--hosts", type=int, nargs="+", default=[16, 64])
+    parser.add_argument("--window", type=float, default=20.0)
+    args = parser.parse_args()
+    reason = tb.missing_requirements()
+    if reason:
+        print(f"no SSH test bed: {reason}", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory(prefix="orch-bench-scale-") as tmp:
+        root = Path(tmp)
+        started = time.monotonic()
+        bed = tb.up(max(args.hosts), root / "bed")
+        print(f"test bed of {max(args.hosts)} hosts up in {time.monotonic() - started:.0f} s",
+              flush=True)  # fmt: skip
+        try:
+            results = []
+            for n in sorted(args.hosts):
+                results.append(measure(bed, n, root, args.window))
+                print(json.dumps(results[-1]), flush=True)
+        finally:
+            tb.down(root / "bed")
+    print()
+    print("| hosts | supervisor CPU per host per second | one core | RSS | kill -> stopping |")
+    print("|---|---|---|---|---|")
+    for r in results:
+        print(f"| {r['hosts']} | {r['cpu_ms_per_host_s']:.2f} ms | {r['cpu_share'] * 100:.0f} % "
+              f"| {r['rss_mb']:.0f} MB | {r['p4_s']:.2f} s |")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

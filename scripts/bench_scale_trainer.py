@@ -1,0 +1,30 @@
+"""A stand-in trainer for scripts/bench_scale.py (standard library only, no TensorFlow): it
+trains like a real one as the coordinator sees it, so the measurement is of the coordinator. It
+reports progress the way the Keras callback does (a step count and a loss in the progress file,
+written at most every 0.5 s) and prints a line a second, like `fit(verbose=2)`."""
+
+import json
+import os
+import sys
+import time
+
+path = os.environ.get("ORCHESTRATE_PROGRESS_FILE")
+step, started, printed = 0, time.monotonic(), 0.0
+while True:
+    time.sleep(0.05)
+    step += 1
+    now = time.monotonic()
+    if path and step % 10 == 0:
+        progress = {"phase": "training", "epoch": 1 + step // 200, "step": step,
+                    "loss": 1.0 / step, "steps_per_sec": step / (now - started),
+                    "step_signal": "keras", "epochs": 1000, "steps_per_epoch": 200,
+                    "epoch_step": step % 200}  # fmt: skip
+        tmp = path + ".tmp"
+        with open(tmp, "w") as fh:
+            json.dump(progress, fh)
+        os.replace(tmp, path)
+    if now - printed >= 1.0:
+        printed = now
+        print(f"200/200 - 1s - loss: {1.0 / step:.4f} - step {step}", flush=True)
+    if len(sys.argv) > 1 and step >= int(sys.argv[1]):
+        break
