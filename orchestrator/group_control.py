@@ -228,7 +228,6 @@ class GroupControl:
         reachable = [a for a in group.agents if a.host_index not in lost]
         results = stop_agents(self.backend, reachable, grace)
         self.live = None
-        self.tick.recheck_liveness()
         self.tick.observe(group, self.watch, skip=lost)
         for agent in reachable:
             task = group.plan.tasks[agent.task_index]

@@ -217,7 +217,13 @@ class Store:
 
     def update_tasks(self, job_id: str, updates: dict[int, dict[str, Any]]) -> None:
         """Several tasks in one transaction (one fsync per supervisor tick, not one per task)."""
-        if not updates:
+        self.record_round(job_id, updates, [])
+
+    def record_round(
+        self, job_id: str, updates: dict[int, dict[str, Any]], samples: list[Sample]
+    ) -> None:
+        """One supervisor round: its task updates and progress samples in one transaction."""
+        if not updates and not samples:
             return
         with self._transaction() as db:
             for idx, values in updates.items():
@@ -229,6 +235,7 @@ class Store:
                     f"UPDATE tasks SET {assignments} WHERE job_id = ? AND idx = ?",
                     [*values.values(), job_id, idx],
                 )
+            self._insert_samples(db, job_id, samples)
 
     # --- events -------------------------------------------------------------------------
     def add_event(self, job_id: str, kind: str, message: str, task: int | None = None) -> None:
@@ -240,7 +247,13 @@ class Store:
     def add_samples(self, job_id: str, samples: list[Sample]) -> None:
         """Progress over time (one row per change a supervisor saw), for the run report."""
         if samples:
-            self._db.executemany(
+            with self._transaction() as db:
+                self._insert_samples(db, job_id, samples)
+
+    @staticmethod
+    def _insert_samples(db: sqlite3.Connection, job_id: str, samples: list[Sample]) -> None:
+        if samples:
+            db.executemany(
                 "INSERT INTO samples (job_id, task, ts, attempt, epoch, step, loss, steps_per_sec)"
                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 [

@@ -68,6 +68,8 @@ class Supervisor:
             sink,
             config.entrypoint.instrument,
             config.supervision.host_timeout,
+            config.supervision.keepalive,
+            config.supervision.poll_interval,
         )
         self.job_state = JobStateMachine(store, job.id)  # the only writer of the job's state
         self.group = GroupControl(
@@ -219,14 +221,21 @@ class Supervisor:
     # --- watching ---------------------------------------------------------------------
     def _watch(self, group: Group) -> Decision | None:
         """Poll until the group needs a decision; None when a stop was requested."""
-        sup = self.config.supervision
         watch = Watch(started=time.monotonic())
         for t in self.store.tasks(self.job.id):  # adopted tasks may be past their first step
             if t.first_step_at is not None and t.attempt == group.attempt:
                 watch.first_step.add(t.idx)
         self.group.watch = watch
+        self.tick.begin(group, watch)
+        try:
+            return self._decide_until_done(group, watch)
+        finally:
+            self.tick.end()
+
+    def _decide_until_done(self, group: Group, watch: Watch) -> Decision | None:
+        sup = self.config.supervision
         while not self.stop_requested.is_set():
-            observations = self.tick.observe(group, watch)
+            observations = self.tick.next(group, watch, sup.poll_interval)
             lost = self.hosts.lost(group, watch)
             if lost is not None:  # before the rules: its tasks' errors follow from it
                 return lost
@@ -244,7 +253,6 @@ class Supervisor:
             if regrow is not None:
                 return regrow
             watch.startup_passed = elapsed > sup.startup_deadline
-            self.stop_requested.wait(sup.poll_interval)
         return None
 
     # --- ending -----------------------------------------------------------------------

@@ -162,28 +162,6 @@ def test_restart_policy() -> None:
     assert plan_restart(late, policy, 0, True).restart
 
 
-def test_a_relaunched_group_is_not_judged_by_the_old_groups_liveness() -> None:
-    """Regression: liveness was cached for a second; a relaunch within that second looked dead.
-    A tick checks liveness when the interval has passed or the group's pids changed."""
-    from orchestrator.launcher import AgentRef
-    from orchestrator.tick import Tick
-
-    class Hosts:
-        alive_check_interval = 1.0
-
-    tick = Tick(None, "job", Hosts(), None, None, True)  # type: ignore[arg-type]
-    old = [AgentRef(0, 0, 100), AgentRef(1, 0, 101)]
-    new = [AgentRef(0, 0, 200), AgentRef(1, 0, 201)]
-    try:
-        assert tick.alive_check_due(old, 10.0)  # never checked
-        assert not tick.alive_check_due(old, 10.5)  # checked 0.5 s ago: cached
-        assert tick.alive_check_due(new, 10.6)  # new pids: checked at once
-        assert not tick.alive_check_due(new, 11.5)
-        assert tick.alive_check_due(new, 11.7)  # the interval has passed
-    finally:
-        tick.close()
-
-
 def test_watchdog_names_the_signal_that_went_still() -> None:
     from worker.spec import Phase, StepSignal
 

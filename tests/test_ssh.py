@@ -139,6 +139,14 @@ def test_ssh_observe_liveness(ssh: SshTransport, bed: tb.Testbed, tmp_path: Path
     contract.check_observe_liveness(ssh, bed.python, str(tmp_path))
 
 
+def test_ssh_watch_holds_a_quiet_host_and_answers_a_death_at_once(
+    ssh: SshTransport, bed: tb.Testbed, tmp_path: Path
+) -> None:
+    contract.check_watch_holds_a_quiet_host_and_answers_a_death_at_once(
+        ssh, bed.python, str(tmp_path)
+    )
+
+
 def test_ssh_detached_and_stop(ssh: SshTransport, bed: tb.Testbed, tmp_path: Path) -> None:
     contract.check_detached_start_and_group_stop(ssh, bed.python, str(tmp_path))
 

@@ -3,7 +3,11 @@ is read at once, in one call each, and one host that fails costs only its own ta
 
 from __future__ import annotations
 
+import itertools
 import json
+import os
+import signal
+import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -24,6 +28,8 @@ from orchestrator.store import Store
 from orchestrator.supervisor import Supervisor
 from orchestrator.tick import Group, Watch
 from orchestrator.transport.base import Observation, ProcessRef, Transport
+from orchestrator.transport.local import LocalTransport
+from worker import proctl
 from worker.spec import AgentState, TaskStatus
 
 HOSTS = 4
@@ -68,7 +74,6 @@ class MemoryHost:
 
 class MemoryBackend:
     kind = "memory"
-    alive_check_interval = 0.0
 
     def __init__(self) -> None:
         barrier = threading.Barrier(HOSTS)
@@ -134,7 +139,6 @@ def test_a_tick_reads_every_host_at_once_and_a_failing_host_costs_only_its_tasks
             assert not log.exists() or b"hello" not in log.read_bytes()
         else:
             assert log.read_bytes().count(f"hello from host {i}".encode()) == 1
-    assert supervisor.tick.alive_cache == {1000 + i for i in range(HOSTS)}
     assert [h.calls for h in supervisor.backend.hosts] == [1] * HOSTS  # type: ignore[attr-defined]
 
 
@@ -183,3 +187,94 @@ def test_a_host_whose_reads_fail_for_host_timeout_is_lost_and_only_that_host(
     assert "unreachable for" in decision.cause and "connection reset" in decision.cause
     hosts = supervisor.backend.hosts  # type: ignore[attr-defined]
     assert hosts[0].contact == [1000]  # every read tells the host's agents they are reached
+
+
+class CountingLocal(LocalTransport):
+    """This machine as a host, counting the reads the supervisor makes of it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads: list[float] = []
+
+    def observe(self, *args: Any, **kwargs: Any) -> Observation:
+        seen = super().observe(*args, **kwargs)
+        self.reads.append(time.monotonic())
+        return seen
+
+
+class LocalHosts(MemoryBackend):
+    def __init__(self) -> None:
+        self.hosts = [CountingLocal() for _ in range(HOSTS)]  # type: ignore[misc]
+
+
+def test_a_quiet_host_is_read_once_per_keepalive_and_a_death_on_it_is_seen_at_once(
+    tmp_path: Path, home: Path
+) -> None:
+    """Issue 16: while a group is watched each host is long-polled. A host with nothing new
+    (here: agents that are real processes, status files that do not change) answers once per
+    keep-alive however often the supervisor decides (poll_interval 0.05 s here); an agent
+    that dies on such a host is seen at once, well within one keep-alive."""
+    keepalive = 2.0
+    hosts = "".join(f'[[backend.hosts]]\naddress = "10.9.0.{i + 1}"\n' for i in range(HOSTS))
+    path = tmp_path / "cluster.toml"
+    path.write_text(
+        f'[job]\nname = "quiet"\nshared_dir = "{tmp_path}"\n'
+        f"[supervision]\nkeepalive = {keepalive}\npoll_interval = 0.05\n"
+        f'[entrypoint]\nmodule = "m"\n[backend]\ntype = "ssh"\n{hosts}'
+    )
+    config = load_config(path)
+    store = Store()
+    job = register_job(store, config, str(path))
+    backend = LocalHosts()
+    supervisor = Supervisor(store, job, config, LineSink(tmp_path / "copies", None), backend)
+    layout = supervisor.layout
+    procs = []
+    try:
+        for i in range(HOSTS):
+            procs.append(
+                backend.hosts[i].start_detached(  # type: ignore[attr-defined]
+                    [sys.executable, "-c", "import time; time.sleep(60)"],
+                    log_path=str(layout.log_path(i)),
+                )
+            )
+            status = TaskStatus(AgentState.RUNNING, seq=1, agent_pid=procs[i].pid)
+            Path(layout.status_path(i)).parent.mkdir(parents=True, exist_ok=True)
+            Path(layout.status_path(i)).write_text(json.dumps(status.to_dict()))
+        group = one_task_per_host(supervisor)
+        group = Group(0, group.plan, [AgentRef(i, i, p.pid, p.ident) for i, p in enumerate(procs)])
+        watch = Watch(started=time.monotonic())
+        supervisor.tick.begin(group, watch)
+        begun = time.monotonic()
+        while time.monotonic() - begun < 2.0:  # each host's first answer: at once
+            states = {o.state for o in supervisor.tick.next(group, watch, 0.05)}
+            if states == {TaskState.RUNNING}:
+                break
+        assert states == {TaskState.RUNNING}
+        started = time.monotonic()
+        rounds = 0
+        while time.monotonic() - started < 5.0:
+            observations = supervisor.tick.next(group, watch, 0.05)
+            rounds += 1
+            assert all(o.state == TaskState.RUNNING for o in observations)
+        for host in backend.hosts:
+            reads = host.reads  # type: ignore[attr-defined]
+            # The first answer at once (nothing known yet), then one per keep-alive.
+            assert 2 <= len(reads) <= 1 + 5.0 / keepalive + 1, reads
+            gaps = [b - a for a, b in itertools.pairwise(reads[1:])]
+            assert all(g >= keepalive * 0.9 for g in gaps), gaps
+        assert rounds > 50  # decided every poll_interval all the while
+
+        os.kill(procs[1].pid, signal.SIGKILL)
+        killed = time.monotonic()
+        while time.monotonic() - killed < keepalive:
+            observations = supervisor.tick.next(group, watch, 0.05)
+            if observations[1].state.is_terminal():
+                break
+        seen_after = time.monotonic() - killed
+        assert observations[1].state == TaskState.LOST, observations[1]
+        assert seen_after < keepalive / 2, seen_after
+        assert observations[0].state == TaskState.RUNNING
+    finally:
+        supervisor.tick.close()
+        for proc in procs:
+            proctl.stop_group(proc.pid, 0.5, proc.ident)

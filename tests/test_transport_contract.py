@@ -3,16 +3,19 @@ the SSH one against the namespaced test bed (see test_ssh.py, which reuses these
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import stat
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
 from orchestrator.errors import TransportError
-from orchestrator.transport.base import Observation, ProcessRef, Transport
+from orchestrator.transport.base import ProcessRef, Transport, Watching
 from orchestrator.transport.local import LocalTransport
 from worker import proctl
 
@@ -65,7 +68,68 @@ def check_files(t: Transport, remote_dir: str, local_dir: Path) -> None:
     # A tick's reads in one call: files from offsets (binary safe), a missing one is None.
     t.put_file(f"{remote_dir}/bin", bytes(range(256)))
     seen = t.observe(None, [(path, 3), (f"{remote_dir}/missing", 0), (f"{remote_dir}/bin", 250)])
-    assert seen == Observation(None, (b"ret\n", None, bytes(range(250, 256))))
+    assert (seen.alive, seen.files) == (None, (b"ret\n", None, bytes(range(250, 256))))
+
+
+def _status(state: str, seq: int, step: int = 0, phase: str = "training") -> bytes:
+    progress = {"phase": phase, "step": step}
+    return json.dumps({"state": state, "seq": seq, "agent_pid": 1, "progress": progress}).encode()
+
+
+def check_watch_holds_a_quiet_host_and_answers_a_death_at_once(
+    t: Transport, python: str, remote_dir: str
+) -> None:
+    """The long poll (issue 16): a host with nothing urgent answers after the keep-alive (log
+    lines and heartbeats ride on it); an agent that dies, or a status whose state changes, is
+    answered at once, well within one keep-alive."""
+    log, status = f"{remote_dir}/w.log", f"{remote_dir}/w.status"
+    t.put_file(status, _status("running", seq=1, step=5))
+    proc = t.start_detached([python, "-c", "import time; time.sleep(60)"], log_path=log)
+    try:
+        first = t.observe([proc], [(log, 0)], timeout=10,
+                          watching=Watching(None, ((status, None),), 5.0, 0.05))  # fmt: skip
+        assert first.urgent and first.alive == {proc.pid}  # nothing known yet: at once
+        assert first.statuses == (_status("running", seq=1, step=5),)
+        known = Watching(frozenset({proc.pid}), ((status, first.keys[0]),), 1.5, 0.05)
+
+        # Quiet but for a heartbeat and a line: held for the keep-alive, then both carried.
+        def heartbeat() -> None:
+            time.sleep(0.3)
+            t.put_file(status, _status("running", seq=2, step=9))
+            t.run([python, "-c", f"open({log!r}, 'a').write('a line\\n')"])
+
+        beat = threading.Thread(target=heartbeat)
+        started = time.monotonic()
+        beat.start()
+        quiet = t.observe([proc], [(log, 0)], timeout=10, watching=known)
+        held = time.monotonic() - started
+        beat.join()
+        assert 1.4 <= held < 3.0, held
+        assert not quiet.urgent and quiet.keys == first.keys
+        assert quiet.files == (b"a line\n",) and b'"seq": 2' in (quiet.statuses[0] or b"")
+
+        # A death on the quiet host: answered at once, not at the 5 s keep-alive.
+        known = dataclasses.replace(known, wait=5.0)
+        killer = threading.Timer(0.5, lambda: t.stop_process_group(proc, 0.5))
+        started = time.monotonic()
+        killer.start()
+        dead = t.observe([proc], [(log, 8)], timeout=10, watching=known)
+        killer.join()
+        assert dead.urgent and dead.alive == set()
+        assert time.monotonic() - started < 2.5
+
+        # A new state (here an exit code), with the agent still there: at once as well.
+        t.put_file(status, _status("running", seq=3, step=9))
+        known = Watching(frozenset(), ((status, first.keys[0]),), 5.0, 0.05)
+        writer = threading.Timer(0.5, lambda: t.put_file(status, _status("failed", seq=4, step=9)))
+        started = time.monotonic()
+        writer.start()
+        failed = t.observe([proc], [(log, 8)], timeout=10, watching=known)
+        writer.join()
+        assert failed.urgent and failed.keys != first.keys
+        assert time.monotonic() - started < 2.5
+    finally:
+        t.stop_process_group(proc, 0.5)
 
 
 def check_observe_liveness(t: Transport, python: str, remote_dir: str) -> None:
@@ -133,6 +197,12 @@ def test_local_files(local: LocalTransport, tmp_path: Path) -> None:
 
 def test_local_observe_liveness(local: LocalTransport, tmp_path: Path) -> None:
     check_observe_liveness(local, PY, str(tmp_path))
+
+
+def test_local_watch_holds_a_quiet_host_and_answers_a_death_at_once(
+    local: LocalTransport, tmp_path: Path
+) -> None:
+    check_watch_holds_a_quiet_host_and_answers_a_death_at_once(local, PY, str(tmp_path))
 
 
 def test_local_detached_and_stop(local: LocalTransport, tmp_path: Path) -> None:

@@ -5,8 +5,8 @@ answers with JSON lines on stdout. Each request then costs one round trip, with 
 start-up and no interpreter start-up on the host (about 80 ms and 40 ms per command otherwise).
 Requests run in threads, so a slow `stop` does not hold up a `probe`. Standard library only.
 
-Operations (`handle`): probe, read_tokens, alive, observe, stop, stop_job, start, remove; and
-for `orchestrate check` (worker.netcheck): listen, unlisten, connect, route.
+Operations (`handle`): probe, read_tokens, alive, watch (worker.host_watch), stop, stop_job,
+start, remove; and for `orchestrate check` (worker.netcheck): listen, unlisten, connect, route.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import sys
 import threading
 from typing import Any
 
-from worker import contact, probe, proctl
+from worker import contact, host_watch, probe, proctl
 from worker.atomic import makedirs_private, write_bytes_atomic
 
 
@@ -48,29 +48,8 @@ def start(argv: list[str], log_path: str, env: dict[str, str] | None = None,
     return {"pid": proc.pid, "ident": ident}
 
 
-READ_LIMIT = 1 << 20  # bytes of one file per observe: a burst of log is read over a few ticks
-
-
-def observe(
-    pids: list[int] | None,
-    files: list[tuple[str, int]],
-    limit: int = READ_LIMIT,
-    idents: list[str] | None = None,
-) -> tuple[set[int] | None, list[bytes | None]]:
-    """One supervisor tick's reads on this host: which of pids live (None: not asked; with
-    their recorded identities), then each file from its offset, at most `limit` bytes (None: no
-    such file). Liveness comes first: an agent found gone has already written its final status,
-    which the read then sees."""
-    alive = proctl.alive(pids, idents) if pids is not None else None
-    data: list[bytes | None] = []
-    for path, offset in files:
-        try:
-            with open(path, "rb") as fh:
-                fh.seek(offset)
-                data.append(fh.read(limit))
-        except FileNotFoundError:
-            data.append(None)
-    return alive, data
+def _b64(data: bytes | None) -> str | None:
+    return None if data is None else base64.b64encode(data).decode("ascii")
 
 
 def handle(op: str, args: dict[str, Any]) -> Any:
@@ -81,13 +60,24 @@ def handle(op: str, args: dict[str, Any]) -> Any:
         return probe.read_tokens(args["paths"])
     if op == "alive":
         return sorted(proctl.alive(args["pids"], args.get("idents")))
-    if op == "observe":
+    if op == "watch":
         contact.touch(args.get("contact", []))
-        alive, data = observe(args.get("pids"), [(p, int(o)) for p, o in args["files"]],
-                              int(args.get("limit", READ_LIMIT)), args.get("idents"))  # fmt: skip
+        seen = host_watch.watch(
+            args.get("pids"),
+            args.get("idents"),
+            args.get("known_alive"),
+            [(p, int(o)) for p, o in args["logs"]],
+            [(p, k) for p, k in args.get("statuses", [])],
+            float(args.get("wait", 0.0)),
+            float(args.get("step", host_watch.STEP)),
+            int(args.get("limit", host_watch.READ_LIMIT)),
+        )
         return {
-            "alive": None if alive is None else sorted(alive),
-            "files": [None if d is None else base64.b64encode(d).decode("ascii") for d in data],
+            "alive": None if seen.alive is None else sorted(seen.alive),
+            "logs": [_b64(d) for d in seen.logs],
+            "statuses": [_b64(d) for d in seen.statuses],
+            "keys": seen.keys,
+            "urgent": seen.urgent,
         }
     if op == "stop":
         return proctl.stop_group(int(args["pgid"]), float(args["grace"]), args.get("ident", ""))

@@ -19,7 +19,8 @@ SPEC_VERSION = 3
 # it when a helper operation or the spec changes. 3: the spec gained `instrument`. 4: processes
 # are named by pid and identity (start returns both; alive, observe and stop check it), stop_job.
 # 6: listen, unlisten, connect, route (`orchestrate check`); probe's `gpu` (GPU hosts).
-HOST_PROTOCOL = 6
+# 7: observe became watch (a long poll: known state in, status keys out).
+HOST_PROTOCOL = 7
 _D = TypeVar("_D")
 
 # Environment a trainer sees, besides TF_CONFIG and the user's env.

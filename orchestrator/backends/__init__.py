@@ -15,7 +15,6 @@ from orchestrator.transport.base import Transport
 class Backend(Protocol):
     kind: str
     # Seconds between process-liveness checks (each may be a remote command); 0: every tick.
-    alive_check_interval: float
 
     def host_count(self) -> int: ...
 

@@ -11,7 +11,6 @@ from orchestrator.transport.local import LocalTransport
 
 class LocalHosts:
     kind = "local"
-    alive_check_interval = 0.0
 
     def __init__(self, config: LocalBackend) -> None:
         self._python = config.python or sys.executable

@@ -32,9 +32,8 @@ from orchestrator.backends.slurm_commands import SlurmState, srun_argv
 from orchestrator.config import ClusterConfig, SlurmBackend
 from orchestrator.errors import LaunchError, OrchestrateError, TransportError
 from orchestrator.plan import slurm_node_label
-from orchestrator.transport.base import Observation, ProcessRef
-from orchestrator.transport.local import LocalTransport
-from worker import hostd
+from orchestrator.transport.base import Observation, ProcessRef, Watching
+from orchestrator.transport.local import LocalTransport, watch_here
 from worker.spec import ENV_JOB_ID, JobLayout
 
 HELLO_TIMEOUT = 120.0  # seconds for every task of a step to introduce itself
@@ -141,7 +140,7 @@ class SlurmNodeTransport(LocalTransport):
         self._step_alive = step_alive
 
     def alive_pids(self, procs: Sequence[ProcessRef]) -> set[int]:
-        return {p.pid for p in procs} if self._step_alive() else set()
+        return self.alive_pids_of([p.pid for p in procs])
 
     def observe(
         self,
@@ -149,10 +148,12 @@ class SlurmNodeTransport(LocalTransport):
         files: Sequence[tuple[str, int]],
         timeout: float | None = None,
         contact: Sequence[int] = (),
+        watching: Watching | None = None,
     ) -> Observation:
-        alive = None if procs is None else self.alive_pids(procs)
-        _, data = hostd.observe(None, list(files))
-        return Observation(alive, tuple(data))
+        return watch_here(procs, files, watching, lambda pids, _: self.alive_pids_of(pids))
+
+    def alive_pids_of(self, pids: list[int]) -> set[int]:
+        return set(pids) if self._step_alive() else set()
 
     def stop_process_group(self, leader: ProcessRef, grace: float) -> bool:
         raise TransportError(f"{self.host_label}: Slurm tasks are stopped by their step")
@@ -165,7 +166,6 @@ class SlurmHosts:
     """The Slurm backend: `nodes` hosts, named once the allocation runs."""
 
     kind = "slurm"
-    alive_check_interval = 0.0  # the step's liveness is a local poll (or a rate-limited squeue)
 
     def __init__(self, config: SlurmBackend) -> None:
         self.config = config

@@ -226,7 +226,11 @@ class SupervisionSection(_Model):
     startup_deadline: Annotated[Seconds, Field(gt=0)] = 300.0
     # SIGTERM, then this many seconds, then SIGKILL.
     stop_grace: Annotated[Seconds, Field(ge=0)] = 10.0
+    # How often the supervisor decides; a host reports a death or a new state at once.
     poll_interval: Annotated[float, Field(gt=0, le=10)] = 0.2
+    # A host with nothing urgent to report answers after this many seconds, carrying log
+    # lines, heartbeats and progress: a quiet host costs one round trip per keep-alive.
+    keepalive: Annotated[float, Field(gt=0, le=60)] = 1.0
     # Watchdog: a task whose training step does not advance for this long is hung (0: off).
     progress_timeout: Annotated[Seconds, Field(ge=0)] = 600.0
     # What a missed startup deadline does: fail the job, or restart the group (per policy).

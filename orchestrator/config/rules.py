@@ -87,6 +87,20 @@ def check_semantics(config: ClusterConfig, source: str) -> None:
             f"but the backend plans {tasks}: use one worker (or multi_worker_mirrored)"
         )
     _check_exec_size(config.entrypoint, source)
+    _check_keepalive(config, source)
+
+
+def _check_keepalive(config: ClusterConfig, source: str) -> None:
+    """A quiet host answers once per keep-alive: longer than host_timeout or heartbeat_timeout,
+    and a healthy quiet host would look lost or silent."""
+    sup = config.supervision
+    for name, limit in (("host_timeout", sup.host_timeout),
+                        ("heartbeat_timeout", sup.heartbeat_timeout)):  # fmt: skip
+        if sup.keepalive >= limit:
+            raise ConfigError(
+                f"{source}: supervision.keepalive: {sup.keepalive:g}s must be less than "
+                f"supervision.{name} ({limit:g}s), or a quiet host would look lost"
+            )
 
 
 # Set by orchestrate for each task given GPUs: the same names in entrypoint.env would contradict

@@ -38,10 +38,24 @@ class ProcessRef:
 
 @dataclass(frozen=True)
 class Observation:
-    """One host's reads for a supervisor tick (Transport.observe)."""
+    """One host's answer to a supervisor read (Transport.observe)."""
 
     alive: set[int] | None  # the pids found running; None when liveness was not asked
     files: tuple[bytes | None, ...]  # each file's bytes from its offset; None: no such file
+    statuses: tuple[bytes | None, ...] = ()  # each status file whole; None: no such file
+    keys: tuple[str, ...] = ()  # each status's worker.host_watch.status_key
+    urgent: bool = False  # answered on a change, not on the keep-alive
+
+
+@dataclass(frozen=True)
+class Watching:
+    """What a long poll (Transport.observe with `watching`) is told the caller already knows;
+    the host answers at once when that changed in a way that matters, else after `wait`."""
+
+    known_alive: frozenset[int] | None  # the pids alive at the last answer; None: unknown
+    statuses: tuple[tuple[str, str | None], ...]  # (status file, its last key; None: unknown)
+    wait: float  # the keep-alive: seconds the host may hold its answer
+    step: float  # seconds between the host's looks
 
 
 class Transport(Protocol):
@@ -52,7 +66,7 @@ class Transport(Protocol):
 
     def worker_call(self, op: str, args: dict[str, Any], timeout: float | None = None) -> Any:
         """Run one operation of the worker package's host helper (worker.hostd.handle) on the
-        host: probe, read_tokens, alive, observe, stop, start, remove. Remote transports keep one
+        host: probe, read_tokens, alive, watch, stop, start, remove. Remote transports keep one
         helper process per connection, so a call is one round trip; raise TransportError on
         failure."""
         ...
@@ -109,11 +123,14 @@ class Transport(Protocol):
         files: Sequence[tuple[str, int]],
         timeout: float | None = None,
         contact: Sequence[int] = (),
+        watching: Watching | None = None,
     ) -> Observation:
         """In one round trip: alive_pids(procs) (unless None), then read_file(path, offset) for
-        each file (at most worker.hostd.READ_LIMIT bytes of each). One try within `timeout`
-        (the caller's next tick is the retry). `contact`: agent pids told that their
-        coordinator still reaches them (worker.contact)."""
+        each file (at most worker.host_watch.READ_LIMIT bytes of each). One try within
+        `timeout` (the caller's next read is the retry). `contact`: agent pids told that their
+        coordinator still reaches them (worker.contact). With `watching`, a long poll
+        (worker.host_watch.watch): the answer also carries each status file, and comes when
+        something changed or after `watching.wait`; `timeout` must leave room for that."""
         ...
 
     def stop_process_group(self, leader: ProcessRef, grace: float) -> bool:

@@ -14,8 +14,8 @@ from typing import Any
 
 from orchestrator.errors import TransportError
 from orchestrator.paths import user_umask
-from orchestrator.transport.base import CommandResult, Observation, ProcessRef
-from worker import hostd, proctl
+from orchestrator.transport.base import CommandResult, Observation, ProcessRef, Watching
+from worker import host_watch, hostd, proctl
 from worker.atomic import makedirs_private, write_bytes_atomic
 
 
@@ -125,14 +125,10 @@ class LocalTransport:
         files: Sequence[tuple[str, int]],
         timeout: float | None = None,
         contact: Sequence[int] = (),
+        watching: Watching | None = None,
     ) -> Observation:
         # One machine: no partition to guard against, so no contact to record.
-        if procs is None:
-            alive, data = hostd.observe(None, list(files))
-        else:
-            pids, idents = [p.pid for p in procs], [p.ident for p in procs]
-            alive, data = hostd.observe(pids, list(files), idents=idents)
-        return Observation(alive, tuple(data))
+        return watch_here(procs, files, watching, proctl.alive)
 
     def stop_process_group(self, leader: ProcessRef, grace: float) -> bool:
         return proctl.stop_group(leader.pid, grace, leader.ident)
@@ -142,6 +138,28 @@ class LocalTransport:
 
     def close(self) -> None:
         pass
+
+
+def watch_here(
+    procs: Sequence[ProcessRef] | None,
+    files: Sequence[tuple[str, int]],
+    watching: Watching | None,
+    alive_check: host_watch.AliveCheck,
+) -> Observation:
+    """Transport.observe on this machine's files, with this liveness check (in this thread)."""
+    seen = host_watch.watch(
+        None if procs is None else [p.pid for p in procs],
+        None if procs is None else [p.ident for p in procs],
+        None if watching is None or watching.known_alive is None else sorted(watching.known_alive),
+        list(files),
+        [] if watching is None else list(watching.statuses),
+        0.0 if watching is None else watching.wait,
+        host_watch.STEP if watching is None else watching.step,
+        alive_check=alive_check,
+    )
+    return Observation(
+        seen.alive, tuple(seen.logs), tuple(seen.statuses), tuple(seen.keys), seen.urgent
+    )
 
 
 def _merged_env(env: Mapping[str, str] | None) -> dict[str, str] | None:

@@ -27,7 +27,7 @@ from fabric import Connection
 
 from orchestrator.config import SshBackend, SshHost
 from orchestrator.errors import TransportError
-from orchestrator.transport.base import CommandResult, Observation, ProcessRef
+from orchestrator.transport.base import CommandResult, Observation, ProcessRef, Watching
 from orchestrator.transport.ssh.connect import (
     NETWORK_ERRORS,
     close_hops,
@@ -297,26 +297,17 @@ class SshTransport:
         files: Sequence[tuple[str, int]],
         timeout: float | None = None,
         contact: Sequence[int] = (),
+        watching: Watching | None = None,
     ) -> Observation:
-        # One helper request instead of SFTP open/read/close per file: one round trip a tick.
-        args: dict[str, Any] = {
-            "pids": None,
-            "files": [list(f) for f in files],
-            "contact": list(contact),
-        }
-        if procs is not None:
-            args.update(pids=[p.pid for p in procs], idents=[p.ident for p in procs])
+        # One helper request instead of SFTP open/read/close per file: one round trip a read.
+        args = _watch_args(procs, files, contact, watching)
         limit = timeout or self.backend.connect_timeout
         try:  # one try: a lost host must be seen within host_timeout, not after retries
-            reply = self._helper_call("observe", args, limit)
+            reply = self._helper_call("watch", args, limit)
         except NETWORK_ERRORS as exc:
             self.close()
             raise TransportError(f"{self.host_label}: observe failed: {exc}") from None
-        alive = reply["alive"]
-        return Observation(
-            None if alive is None else set(alive),
-            tuple(None if d is None else base64.b64decode(d) for d in reply["files"]),
-        )
+        return _observation_of(reply)
 
     def alive_pids(self, procs: Sequence[ProcessRef]) -> set[int]:
         if not procs:
@@ -343,3 +334,43 @@ def _sftp_makedirs(sftp: paramiko.SFTPClient, path: str) -> None:
             sftp.stat(str(current))
         except FileNotFoundError:
             sftp.mkdir(str(current), mode=0o700)
+
+
+def _watch_args(
+    procs: Sequence[ProcessRef] | None,
+    files: Sequence[tuple[str, int]],
+    contact: Sequence[int],
+    watching: Watching | None,
+) -> dict[str, Any]:
+    """The host helper's `watch` request (worker.hostd); without `watching`, answered at once."""
+    args: dict[str, Any] = {
+        "pids": None,
+        "logs": [list(f) for f in files],
+        "contact": list(contact),
+    }
+    if procs is not None:
+        args.update(pids=[p.pid for p in procs], idents=[p.ident for p in procs])
+    if watching is not None:
+        known = watching.known_alive
+        args.update(
+            known_alive=None if known is None else sorted(known),
+            statuses=[list(s) for s in watching.statuses],
+            wait=watching.wait,
+            step=watching.step,
+        )
+    return args
+
+
+def _decoded(items: list[str | None]) -> tuple[bytes | None, ...]:
+    return tuple(None if d is None else base64.b64decode(d) for d in items)
+
+
+def _observation_of(reply: dict[str, Any]) -> Observation:
+    alive = reply["alive"]
+    return Observation(
+        None if alive is None else set(alive),
+        _decoded(reply["logs"]),
+        _decoded(reply.get("statuses", [])),
+        tuple(reply.get("keys", [])),
+        bool(reply.get("urgent")),
+    )
