@@ -7,7 +7,12 @@ For each size: `launch --detach`, wait until every task steps, then over a windo
 training the detached supervisor's CPU (per host per second) and resident size; then one
 trainer SIGKILLed and the time until the supervisor begins stopping (P4).
 
-    sudo uv run python scripts/bench_scale.py --hosts 16 64 [--window 20]
+    sudo uv run python scripts/bench_scale.py --hosts 16 64 256 [--window 20] [--baseline]
+        [--profile]
+
+--baseline adds, for each size, the same measurement with `keepalive = 0.2` (each host read
+every poll interval, as the supervisor did before its long poll); --profile samples the
+supervisor with py-spy where it is installed and prints where its CPU went.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -45,7 +51,7 @@ def _rss_mb(pid: int) -> float:
     return 0.0
 
 
-def _config(bed: tb.Testbed, hosts: int, root: Path) -> Path:
+def _config(bed: tb.Testbed, hosts: int, root: Path, keepalive: float | None) -> Path:
     text = Path(bed.cluster_toml).read_text()
     text = text.replace('module = "worker.examples.digits"', f'script = "{TRAINER}"')
     text = text.replace('args = ["--epochs", "8"]', "args = []")
@@ -55,19 +61,46 @@ def _config(bed: tb.Testbed, hosts: int, root: Path) -> Path:
     head, _, _ = text.partition("[[backend.hosts]]")
     # A stand-in reports "training" without TensorFlow: no standby to import it for.
     head += "\n[restart]\nwarm_restart = false\nmax_restarts = 0\n\n"
+    if keepalive is not None:
+        head += f"[supervision]\nkeepalive = {keepalive}\n\n"
     body = "".join(
         f'[[backend.hosts]]\naddress = "{h.address}"\nname = "{h.name}"\n\n'
         for h in bed.hosts[:hosts]
     )
-    path = root / f"scale-{hosts}.toml"
+    path = root / f"scale-{hosts}-{keepalive}.toml"
     path.write_text(head + body)
     return path
 
 
-def measure(bed: tb.Testbed, hosts: int, root: Path, window: float) -> dict[str, float]:
-    home = root / f"home-{hosts}"
+def _top_frames(collapsed: Path, top: int = 12) -> tuple[list[tuple[float, str]], ...]:
+    """Where a py-spy "raw" profile's samples were (py-spy leaves idle threads out): each
+    frame's share of samples with it on the stack (inclusive), and at the top (self)."""
+    inclusive: dict[str, int] = {}
+    own: dict[str, int] = {}
+    total = 0
+    for line in collapsed.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        frames, n = stack.split(";"), int(count)
+        total += n
+        own[frames[-1]] = own.get(frames[-1], 0) + n
+        for frame in set(frames):
+            if "(" in frame and "threading.py" not in frame and "click/" not in frame:
+                inclusive[frame] = inclusive.get(frame, 0) + n
+
+    def ranked(counts: dict[str, int]) -> list[tuple[float, str]]:
+        best = sorted(counts.items(), key=lambda kv: -kv[1])[:top]
+        return [(n / max(total, 1), frame) for frame, n in best]
+
+    return ranked(inclusive), ranked(own)
+
+
+def measure(
+    bed: tb.Testbed, hosts: int, root: Path, window: float, keepalive: float | None,
+    profile: bool = False,
+) -> dict[str, float]:  # fmt: skip
+    home = root / f"home-{hosts}-{keepalive}"
     env = orch_env(home)
-    config = _config(bed, hosts, root)
+    config = _config(bed, hosts, root, keepalive)
     argv = [PY, "-m", "orchestrator", "launch", "--detach", str(config)]
     out = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=REPO, timeout=600)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
@@ -84,9 +117,24 @@ def measure(bed: tb.Testbed, hosts: int, root: Path, window: float) -> dict[str,
         )
         supervisor = job["supervisor"]["pid"]  # type: ignore[index]
         time.sleep(3.0)  # past the start: steady training
+        spy = None
+        if profile and shutil.which("py-spy"):
+            spy = subprocess.Popen(
+                ["py-spy", "record", "--pid", str(supervisor), "--duration", str(int(window)),
+                 "--format", "raw", "--nonblocking", "--threads", "--output",
+                 str(root / f"profile-{hosts}.txt")],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            )  # fmt: skip
         cpu0, t0 = _cpu_seconds(supervisor), time.monotonic()
         time.sleep(window)
         cpu = _cpu_seconds(supervisor) - cpu0
+        if spy is not None:
+            spy.wait(timeout=60)
+            inclusive, own = _top_frames(root / f"profile-{hosts}.txt")
+            for title, rows in (("on the stack", inclusive), ("at the top", own)):
+                print(f"where the supervisor's CPU went at {hosts} hosts (py-spy, {title}):")
+                for share, frame in rows:
+                    print(f"  {share * 100:5.1f} %  {frame}")
         elapsed = time.monotonic() - t0
         rss = _rss_mb(supervisor)
         job = status_json(home, job_id)["jobs"][0]
@@ -104,6 +152,7 @@ def measure(bed: tb.Testbed, hosts: int, root: Path, window: float) -> dict[str,
         )  # fmt: skip
         return {
             "hosts": hosts,
+            "keepalive": keepalive or 1.0,
             "cpu_ms_per_host_s": cpu / elapsed / hosts * 1000,
             "cpu_share": cpu / elapsed,
             "rss_mb": rss,
@@ -118,6 +167,14 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--hosts", type=int, nargs="+", default=[16, 64])
     parser.add_argument("--window", type=float, default=20.0)
+    parser.add_argument(
+        "--baseline", action="store_true",
+        help="also each size with keepalive = poll_interval (every host read every 0.2 s, as "
+        "before the long poll), in the same run",
+    )  # fmt: skip
+    parser.add_argument(
+        "--profile", action="store_true", help="sample the supervisor with py-spy (if on PATH)"
+    )
     args = parser.parse_args()
     reason = tb.missing_requirements()
     if reason:
@@ -132,16 +189,23 @@ def main() -> int:
         try:
             results = []
             for n in sorted(args.hosts):
-                results.append(measure(bed, n, root, args.window))
-                print(json.dumps(results[-1]), flush=True)
+                for keepalive in (None, 0.2) if args.baseline else (None,):
+                    profiled = args.profile and keepalive is None
+                    results.append(measure(bed, n, root, args.window, keepalive, profiled))
+                    print(json.dumps(results[-1]), flush=True)
         finally:
             tb.down(root / "bed")
     print()
-    print("| hosts | supervisor CPU per host per second | one core | RSS | kill -> stopping |")
-    print("|---|---|---|---|---|")
+    print("| hosts | keep-alive | supervisor CPU per host per second | vs read every tick "
+          "| one core | RSS | kill -> stopping |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|")
+    base = {r["hosts"]: r["cpu_ms_per_host_s"] for r in results if r["keepalive"] == 0.2}
     for r in results:
-        print(f"| {r['hosts']} | {r['cpu_ms_per_host_s']:.2f} ms | {r['cpu_share'] * 100:.0f} % "
-              f"| {r['rss_mb']:.0f} MB | {r['p4_s']:.2f} s |")  # fmt: skip
+        ratio = f"{r['cpu_ms_per_host_s'] / base[r['hosts']]:.2f}x" if r["hosts"] in base else "-"
+        cells = [f"{r['hosts']}", f"{r['keepalive']:g} s", f"{r['cpu_ms_per_host_s']:.2f} ms",
+                 ratio, f"{r['cpu_share'] * 100:.0f} %", f"{r['rss_mb']:.0f} MB",
+                 f"{r['p4_s']:.2f} s"]  # fmt: skip
+        print("| " + " | ".join(cells) + " |")
     return 0
 
 
