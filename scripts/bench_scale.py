@@ -57,7 +57,8 @@ def _config(bed: tb.Testbed, hosts: int, root: Path, keepalive: float | None) ->
     text = text.replace('args = ["--epochs", "8"]', "args = []")
     # Every namespaced host shares this machine's cores: 64 helpers starting at once take
     # longer than a real host's one.
-    text = text.replace("connect_timeout = 5.0", "connect_timeout = 60.0")
+    # (256 of them, with their sshd logins, take minutes on 2 cores.)
+    text = text.replace("connect_timeout = 5.0", f"connect_timeout = {max(60.0, hosts):g}")
     head, _, _ = text.partition("[[backend.hosts]]")
     # A stand-in reports "training" without TensorFlow: no standby to import it for.
     head += "\n[restart]\nwarm_restart = false\nmax_restarts = 0\n\n"
@@ -73,8 +74,9 @@ def _config(bed: tb.Testbed, hosts: int, root: Path, keepalive: float | None) ->
 
 
 def _top_frames(collapsed: Path, top: int = 12) -> tuple[list[tuple[float, str]], ...]:
-    """Where a py-spy "raw" profile's samples were (py-spy leaves idle threads out): each
-    frame's share of samples with it on the stack (inclusive), and at the top (self)."""
+    """Where a py-spy "raw" profile's samples were (only the thread holding the GIL is
+    sampled: Python's own work): each frame's share of samples with it on the stack
+    (inclusive), and at the top (self)."""
     inclusive: dict[str, int] = {}
     own: dict[str, int] = {}
     total = 0
@@ -121,13 +123,18 @@ def measure(
         if profile and shutil.which("py-spy"):
             spy = subprocess.Popen(
                 ["py-spy", "record", "--pid", str(supervisor), "--duration", str(int(window)),
-                 "--format", "raw", "--nonblocking", "--threads", "--output",
+                 "--format", "raw", "--nonblocking", "--gil", "--output",
                  str(root / f"profile-{hosts}.txt")],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             )  # fmt: skip
+        steps0 = [t["step"] for t in status_json(home, job_id)["jobs"][0]["tasks"]]
         cpu0, t0 = _cpu_seconds(supervisor), time.monotonic()
         time.sleep(window)
         cpu = _cpu_seconds(supervisor) - cpu0
+        # The saving must not come from seeing less: every task's progress reached the store.
+        tasks = status_json(home, job_id)["jobs"][0]["tasks"]
+        advanced = sum(t["step"] > s for t, s in zip(tasks, steps0, strict=True))
+        oldest = max(t["heartbeat_age"] or 0.0 for t in tasks)
         if spy is not None:
             spy.wait(timeout=60)
             inclusive, own = _top_frames(root / f"profile-{hosts}.txt")
@@ -157,6 +164,8 @@ def measure(
             "cpu_share": cpu / elapsed,
             "rss_mb": rss,
             "p4_s": float(ended) - killed,  # type: ignore[arg-type]
+            "tasks_advanced": advanced,
+            "oldest_heartbeat_s": oldest,
         }
     finally:
         subprocess.run([PY, "-m", "orchestrator", "stop", job_id], env=env, cwd=REPO,

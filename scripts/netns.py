@@ -33,16 +33,16 @@ def add_bridge(bridge: str, gateway: str) -> None:
     ip("link", "set", bridge, "up")
 
 
-def wire(namespace: str, bridge: str, veth: str, peer: str, address: str) -> None:
+def wire(namespace: str, bridge: str, veth: str, peer: str, address: str, prefix: int = 24) -> None:
     """Join an existing namespace to the bridge: `veth` on the bridge, `peer` inside as eth0
-    with `address`, both up, and loopback up."""
+    with `address`/`prefix`, both up, and loopback up."""
     ip("link", "add", veth, "type", "veth", "peer", "name", peer)
     ip("link", "set", peer, "netns", namespace)
     ip("link", "set", veth, "master", bridge)
     ip("link", "set", veth, "up")
     ip("-n", namespace, "link", "set", "lo", "up")
     ip("-n", namespace, "link", "set", peer, "name", "eth0")
-    ip("-n", namespace, "addr", "add", f"{address}/24", "dev", "eth0")
+    ip("-n", namespace, "addr", "add", f"{address}/{prefix}", "dev", "eth0")
     ip("-n", namespace, "link", "set", "eth0", "up")
 
 

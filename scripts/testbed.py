@@ -124,6 +124,9 @@ LogLevel ERROR
 """
 
 
+PER_SUBNET = 240
+
+
 def up(count: int, root: Path, epochs: int = 8) -> Testbed:
     """Create `count` hosts under `root` (made empty first) and return the test bed."""
     reason = missing_requirements()
@@ -134,8 +137,14 @@ def up(count: int, root: Path, epochs: int = 8) -> Testbed:
     root.mkdir(parents=True, exist_ok=True)
     Path("/run/sshd").mkdir(parents=True, exist_ok=True)
     token = secrets.token_hex(3)
-    subnet = netns.free_subnet("10.231")
-    gateway = f"{subnet}.1"
+    # 240 hosts to a /24; a bigger bed takes more /24s on the same bridge (one link: inside,
+    # each host sees the whole 10.231/16 on it).
+    subnets: list[str] = []
+    while len(subnets) < (count + PER_SUBNET - 1) // PER_SUBNET:
+        subnet = netns.free_subnet("10.231")
+        if subnet not in subnets:
+            subnets.append(subnet)
+    gateway = f"{subnets[0]}.1"
     bridge = f"ob{token}"
     hosts: list[TestHost] = []
     state = {"root": str(root), "token": token, "bridge": bridge, "hosts": hosts}
@@ -143,6 +152,8 @@ def up(count: int, root: Path, epochs: int = 8) -> Testbed:
     _save_partial(root, state)
     try:
         netns.add_bridge(bridge, gateway)
+        for subnet in subnets[1:]:
+            netns.ip("addr", "add", f"{subnet}.1/24", "dev", bridge)
         identity = root / "id_ed25519"
         client_pub = _keygen(identity, "orchestrate-testbed")
         (root / "authorized_keys").write_text(client_pub + "\n")
@@ -150,14 +161,14 @@ def up(count: int, root: Path, epochs: int = 8) -> Testbed:
         for i in range(count):
             name = f"h{i}"
             namespace = f"orch{token}{name}"
-            address = f"{subnet}.{10 + i}"
+            address = f"{subnets[i // PER_SUBNET]}.{10 + i % PER_SUBNET}"
             veth, peer = f"ov{token}{i}", f"on{token}{i}"
             host_dir = root / "hosts" / name
             host_dir.mkdir(parents=True, exist_ok=True)
             netns.ip("netns", "add", namespace)
             hosts.append(TestHost(name, namespace, address, veth, 0, str(host_dir)))
             _save_partial(root, state)
-            netns.wire(namespace, bridge, veth, peer, address)
+            netns.wire(namespace, bridge, veth, peer, address, 24 if len(subnets) == 1 else 16)
             host_key = host_dir / "ssh_host_ed25519_key"
             host_pub = _keygen(host_key, name)
             known_lines.append(f"{address} {' '.join(host_pub.split()[:2])}")

@@ -1,0 +1,67 @@
+#!/usr/bin/env python3
+"""Draw scripts/bench_scale.py's curve: the supervisor's CPU per host per second and its RSS
+against the number of hosts, the long poll beside every host read every tick (--baseline).
+
+    uv run python scripts/plot_scale.py bench_scale_output.txt docs/bench/supervision-scale.png
+
+It reads the JSON lines bench_scale.py prints (one per measurement) and also writes them, as
+one JSON list, next to the picture (same name, .json)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+CPU_GOAL_MS = 1.0
+RSS_GOAL_MB = 150.0
+
+
+def main(log: Path, out: Path) -> int:
+    rows = [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
+    if not rows:
+        print(f"no measurements in {log}", file=sys.stderr)
+        return 1
+    out.with_suffix(".json").write_text(json.dumps(rows, indent=1) + "\n")
+    fig, (cpu_ax, rss_ax) = plt.subplots(1, 2, figsize=(10, 4))
+    series = sorted({r["keepalive"] for r in rows}, reverse=True)
+    for keepalive in series:
+        mine = sorted((r for r in rows if r["keepalive"] == keepalive), key=lambda r: r["hosts"])
+        hosts = [r["hosts"] for r in mine]
+        label = (
+            f"long poll (keep-alive {keepalive:g} s)"
+            if keepalive >= 1.0
+            else f"every host read every {keepalive:g} s (as before)"
+        )
+        cpu_ax.plot(hosts, [r["cpu_ms_per_host_s"] for r in mine], "o-", label=label)
+        rss_ax.plot(hosts, [r["rss_mb"] for r in mine], "o-", label=label)
+    cpu_ax.axhline(CPU_GOAL_MS, color="grey", linestyle="--", label="goal: 1 ms")
+    rss_ax.axhline(RSS_GOAL_MB, color="grey", linestyle="--", label="goal: 150 MB")
+    for ax, title in (
+        (cpu_ax, "supervisor CPU per host per second (ms)"),
+        (rss_ax, "supervisor resident size (MB)"),
+    ):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sorted({r["hosts"] for r in rows}))
+        ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
+        ax.set_xlabel("hosts (namespaced sshd, stand-in trainers)")
+        ax.set_title(title, fontsize=10)
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    print(f"wrote {out} and {out.with_suffix('.json')}")
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3:
+        print(__doc__, file=sys.stderr)
+        sys.exit(2)
+    sys.exit(main(Path(sys.argv[1]), Path(sys.argv[2])))
