@@ -108,15 +108,23 @@ def measure(
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     job_id = out.stdout.split()[1]
     try:
-        job = wait(
-            lambda: (
-                (j := status_json(home, job_id)["jobs"][0])
-                and all(t["step"] > 0 for t in j["tasks"])
-                and j
-            ),
-            300,
-            interval=0.5,
-        )
+        try:
+            job = wait(
+                lambda: (
+                    (j := status_json(home, job_id)["jobs"][0])
+                    and all(t["step"] > 0 for t in j["tasks"])
+                    and j
+                ),
+                600,
+                interval=2.0,
+            )
+        except TimeoutError:
+            j = status_json(home, job_id)["jobs"][0]
+            stepping = sum(t["step"] > 0 for t in j["tasks"])
+            raise TimeoutError(
+                f"{hosts} hosts: {stepping} task(s) stepping after 600 s; job {j['state']}: "
+                f"{j.get('last_cause')}; events: {[e['message'] for e in j['events']][-5:]}"
+            ) from None
         supervisor = job["supervisor"]["pid"]  # type: ignore[index]
         time.sleep(3.0)  # past the start: steady training
         spy = None
