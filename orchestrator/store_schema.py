@@ -145,6 +145,11 @@ def _initialise(db: sqlite3.Connection, path: Path) -> None:
     if db.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
         db.execute("PRAGMA journal_mode=WAL")
     db.execute("PRAGMA synchronous=NORMAL")
+    # A store already at this schema needs no lock: `status` must open it while a busy
+    # supervisor writes (an exclusive lock here waited behind every one of its rounds).
+    version = db.execute("PRAGMA user_version").fetchone()[0]
+    if version == SCHEMA_VERSION and _has_schema(db):
+        return
     db.execute("BEGIN EXCLUSIVE")
     try:
         version = db.execute("PRAGMA user_version").fetchone()[0]

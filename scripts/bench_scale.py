@@ -192,6 +192,11 @@ def main() -> int:
     parser.add_argument(
         "--profile", action="store_true", help="sample the supervisor with py-spy (if on PATH)"
     )
+    parser.add_argument(
+        "--keepalive", type=float, nargs="+", default=[],
+        help="the keep-alives to measure (default: the configured default, plus 0.2 with "
+        "--baseline)",
+    )  # fmt: skip
     args = parser.parse_args()
     reason = tb.missing_requirements()
     if reason:
@@ -206,7 +211,8 @@ def main() -> int:
         try:
             results = []
             for n in sorted(args.hosts):
-                for keepalive in (None, 0.2) if args.baseline else (None,):
+                keepalives = args.keepalive or [None, *([0.2] if args.baseline else [])]
+                for keepalive in keepalives:
                     profiled = args.profile and keepalive is None
                     results.append(measure(bed, n, root, args.window, keepalive, profiled))
                     print(json.dumps(results[-1]), flush=True)
