@@ -148,19 +148,25 @@ class Tick:
         every task's observation."""
         results: list[PollResult] = []
         deadline = time.monotonic() + interval
-        while True:
+        # Bounded by the clock and by count: answers may come faster than a round takes them
+        # (hundreds of hosts on a loaded machine), and a round must still end and decide.
+        limit = 4 * max(1, len(self._pollers))
+        while len(results) < limit:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
             try:
-                result = self._answers.get(timeout=max(0.0, deadline - time.monotonic()))
+                result = self._answers.get(timeout=remaining)
             except queue.Empty:
                 break
             results.append(result)
-            if result.urgent:  # take what else is there, and decide now
-                while True:
+            if result.urgent:  # take what else is already there, and decide now
+                deadline = 0.0
+                while len(results) < limit:
                     try:
                         results.append(self._answers.get_nowait())
                     except queue.Empty:
                         break
-                break
         return self.ingest(group, watch, results)
 
     # --- one round of immediate reads -----------------------------------------------------

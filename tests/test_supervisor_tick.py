@@ -18,6 +18,7 @@ import pytest
 
 from orchestrator.config import load_config
 from orchestrator.errors import TransportError
+from orchestrator.host_poller import PollResult
 from orchestrator.jobs import register_job
 from orchestrator.launcher import AgentRef
 from orchestrator.logstream import LineSink
@@ -278,3 +279,33 @@ def test_a_quiet_host_is_read_once_per_keepalive_and_a_death_on_it_is_seen_at_on
         supervisor.tick.close()
         for proc in procs:
             proctl.stop_group(proc.pid, 0.5, proc.ident)
+
+
+def test_a_round_ends_and_decides_however_fast_answers_come(supervisor: Supervisor) -> None:
+    """Regression (256 hosts, every one answering five times a second, on 2 cores): a round
+    took answers until the queue was empty, which it never was, and so never decided."""
+    group = one_task_per_host(supervisor)
+    tick = supervisor.tick
+    tick._pollers = [object()] * HOSTS  # type: ignore[list-item]
+    quiet = Observation({1000}, (b"",), (None,), ("",), urgent=False)
+
+    def flood(stop: threading.Event) -> None:
+        while not stop.is_set():
+            tick._answers.put(PollResult(0, time.monotonic(), (0,), seen=quiet))
+
+    stop = threading.Event()
+    flooders = [threading.Thread(target=flood, args=(stop,)) for _ in range(4)]
+    for flooder in flooders:
+        flooder.start()
+    try:
+        started = time.monotonic()
+        observations = tick.next(group, Watch(started=started), 0.1)
+        took = time.monotonic() - started
+    finally:
+        stop.set()
+        for flooder in flooders:
+            flooder.join()
+        tick._pollers = []
+        tick.close()
+    assert took < 2.0, took
+    assert [o.index for o in observations] == list(range(HOSTS))
