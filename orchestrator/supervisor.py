@@ -228,7 +228,9 @@ class Supervisor:
         self.group.watch = watch
         self.tick.begin(group, watch)
         try:
-            return self._decide_until_done(group, watch)
+            decision = self._decide_until_done(group, watch)
+            self.tick.settle(group, watch)  # what the stop that follows should not wait on
+            return decision
         finally:
             self.tick.end()
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from orchestrator.backends import Backend
 from orchestrator.fanout import Fanout
 from orchestrator.host_poller import (
+    MIN_READ_TIMEOUT,
     HostPoller,
     PollResult,
     PollTarget,
@@ -168,6 +169,25 @@ class Tick:
                     except queue.Empty:
                         break
         return self.ingest(group, watch, results)
+
+    def settle(self, group: Group, watch: Watch) -> None:
+        """Before the group is stopped: wait (at most host_timeout) until every host has
+        answered within a keep-alive or its read has failed, so that the stop is not sent to
+        a host that has just stopped answering (it is skipped and its tasks left unconfirmed,
+        as a host lost before the stop)."""
+        deadline = time.monotonic() + self.host_timeout
+        hosts = agents_by_host(group.agents)
+        while time.monotonic() < deadline and self._pollers:
+            now = time.monotonic()
+            overdue = [
+                h
+                for h in hosts
+                if h not in watch.host_error
+                and now - watch.host_ok.get(h, watch.started) > self.keepalive + MIN_READ_TIMEOUT
+            ]
+            if not overdue:
+                return
+            self.next(group, watch, 0.1)
 
     # --- one round of immediate reads -----------------------------------------------------
     def observe(
