@@ -298,7 +298,6 @@ def test_a_host_failing_to_start_rolls_back_the_others(bed: tb.Testbed, tmp_path
 
     class Recorded:  # the real SSH backend, each transport wrapped
         kind = backend.kind
-        alive_check_interval = backend.alive_check_interval
 
         def host_count(self) -> int:
             return backend.host_count()

@@ -18,7 +18,6 @@ class SshHosts:
         lock = threading.Lock()
         self._transports = [SshTransport(h, config, lock) for h in config.hosts]
         self._pythons = [h.python or config.python for h in config.hosts]
-        self.alive_check_interval = 1.0  # each check is a remote command: not every tick
 
     def host_count(self) -> int:
         return len(self._transports)
