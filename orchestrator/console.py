@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, TextIO
 from orchestrator.logstream import LineSink
 from orchestrator.states import TaskState
 from orchestrator.store import JobRecord, Store, TaskRecord
+from orchestrator.views import RESOURCE_HEADERS, resource_cells, straggler_cell
 from worker.spec import Phase
 
 if TYPE_CHECKING:
@@ -155,7 +156,7 @@ def panel(
     from rich.text import Text
 
     headers = ("TASK", "HOST", "PHASE", "EPOCH", "STEP", "LOSS", "STEPS/S", "HEARTBEAT",
-               "STARTUP")  # fmt: skip
+               *RESOURCE_HEADERS, "STRAGGLER", "STARTUP")  # fmt: skip
     rows = [
         (
             f"{t.type}-{t.idx}",
@@ -166,6 +167,8 @@ def panel(
             "-" if t.loss is None else f"{t.loss:.4f}",
             "-" if t.steps_per_sec is None else f"{t.steps_per_sec:.1f}",
             "-" if t.heartbeat_at is None else f"{max(now - t.heartbeat_at, 0.0):.1f}s",
+            *resource_cells(None if t.state.is_terminal() else t.resources),
+            straggler_cell(t.straggler),
             clock.timeline(t),
         )
         for t in tasks[:max_rows]

@@ -101,7 +101,9 @@ class GroupControl:
                 self.sink.info(UNINSTRUMENTED_NOTICE)
         plan = plan_launch(config, reports, hosts)
         self._report_gpus(reports, plan)
-        specs = make_specs(config, plan, job_id, attempt, self.backend)
+        specs = make_specs(
+            config, plan, job_id, attempt, self.backend, self.store.get_job(job_id).created
+        )
         self.store.replace_tasks(job_id, _task_records(job_id, plan, attempt))
         self._starting = []
         agents = start_agents(
@@ -156,7 +158,9 @@ class GroupControl:
             slurm.stop_step(0.0)
             raise PreflightError(f"preflight failed in the Slurm step: {problems}")
         plan = step_plan(config.job.name, [StepTask(h.node, h.address, h.port) for h in hellos])
-        specs = make_specs(config, plan, job_id, attempt, self.backend)
+        specs = make_specs(
+            config, plan, job_id, attempt, self.backend, self.store.get_job(job_id).created
+        )
         self.store.replace_tasks(job_id, _task_records(job_id, plan, attempt))
         agents = [AgentRef(h.procid, plan.tasks[h.procid].host_index, h.pid) for h in hellos]
         for agent in agents:

@@ -273,7 +273,12 @@ def trainer_argv(config: ClusterConfig, python: str) -> list[str]:
 
 
 def make_specs(
-    config: ClusterConfig, plan: LaunchPlan, job_id: str, attempt: int, backend: Backend
+    config: ClusterConfig,
+    plan: LaunchPlan,
+    job_id: str,
+    attempt: int,
+    backend: Backend,
+    launched_at: float = 0.0,
 ) -> list[WorkerSpec]:
     sup = config.supervision
     return [
@@ -301,6 +306,8 @@ def make_specs(
             warm_restart=warm_restarts(config),
             # The keeper waits out the longest restart gap: the backoff, then the preflight.
             standby_linger=config.restart.backoff_max + 60.0,
+            sample_resources=sup.sample_resources,
+            launched_at=launched_at,
         )
         for task in plan.tasks
     ]

@@ -6,9 +6,10 @@ The database lives in ORCHESTRATE_HOME (default: the user state directory).
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -18,7 +19,7 @@ from orchestrator.errors import JobNotFoundError
 from orchestrator.paths import ensure_home, state_db
 from orchestrator.states import JobState, TaskState
 from orchestrator.store_schema import open_database
-from worker.spec import Phase, StepSignal
+from worker.spec import Phase, Resources, StepSignal
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,8 @@ class TaskRecord:
     steps_per_epoch: int = 0  # 0: unknown
     epoch_step: int = 0  # batches done in the current epoch
     agent_ident: str = ""  # worker.proctl.identity of agent_pid on its host
+    resources: Resources | None = None  # the agent's latest sample (worker.resources)
+    straggler: str = ""  # why it holds the group back, while it does (orchestrator.stragglers)
 
 
 @dataclass(frozen=True)
@@ -94,6 +97,33 @@ class Sample:
     steps_per_sec: float | None
 
 
+@dataclass(frozen=True)
+class ResourceSample:
+    """A task's resources over time, for the run report's charts (orchestrator.report)."""
+
+    task: int
+    ts: float
+    attempt: int
+    cpu_percent: float | None = None
+    cpu_wait_percent: float | None = None
+    rss_bytes: int | None = None
+    host_mem_available: int | None = None
+    gpu_utilization: float | None = None  # the mean over the task's GPUs
+    gpu_memory_used: int | None = None  # MiB, summed over them
+    collective_percent: float | None = None
+    input_percent: float | None = None
+
+    @classmethod
+    def of(cls, task: int, attempt: int, r: Resources) -> ResourceSample:
+        utils = [g.utilization for g in r.gpus if g.utilization is not None]
+        used = [g.memory_used for g in r.gpus if g.memory_used is not None]
+        return cls(task, r.at, attempt, r.cpu_percent, r.cpu_wait_percent, r.rss_bytes,
+                   r.host_mem_available, sum(utils) / len(utils) if utils else None,
+                   sum(used) if used else None, r.collective_percent,
+                   r.input_percent)  # fmt: skip
+
+
+_RESOURCE_COLUMNS = [f.name for f in fields(ResourceSample)]
 _JOB_COLUMNS = [f.name for f in fields(JobRecord)]
 _TASK_COLUMNS = [f.name for f in fields(TaskRecord)]
 _TASK_UPDATABLE = frozenset(_TASK_COLUMNS) - {"job_id", "idx"}
@@ -111,7 +141,16 @@ def _task(row: sqlite3.Row) -> TaskRecord:
     data["state"] = TaskState(data["state"])
     data["phase"] = Phase(data["phase"])
     data["step_signal"] = StepSignal(data["step_signal"])
+    raw = data["resources"]
+    data["resources"] = Resources.from_dict(json.loads(raw)) if raw else None
     return TaskRecord(**data)
+
+
+def _column(value: Any) -> Any:
+    """A value as its column holds it."""
+    if isinstance(value, Resources):
+        return json.dumps(value.to_dict(), separators=(",", ":"))
+    return value
 
 
 class Store:
@@ -155,7 +194,7 @@ class Store:
         db.executemany(
             f"INSERT INTO tasks ({', '.join(_TASK_COLUMNS)}) "
             f"VALUES ({', '.join('?' for _ in _TASK_COLUMNS)})",
-            [[getattr(t, c) for c in _TASK_COLUMNS] for t in tasks],
+            [[_column(getattr(t, c)) for c in _TASK_COLUMNS] for t in tasks],
         )
 
     def update_job(self, job_id: str, **values: Any) -> None:
@@ -220,10 +259,14 @@ class Store:
         self.record_round(job_id, updates, [])
 
     def record_round(
-        self, job_id: str, updates: dict[int, dict[str, Any]], samples: list[Sample]
+        self,
+        job_id: str,
+        updates: dict[int, dict[str, Any]],
+        samples: list[Sample],
+        resource_samples: Sequence[ResourceSample] = (),
     ) -> None:
-        """One supervisor round: its task updates and progress samples in one transaction."""
-        if not updates and not samples:
+        """One supervisor round: its task updates and samples in one transaction."""
+        if not updates and not samples and not resource_samples:
             return
         with self._transaction() as db:
             for idx, values in updates.items():
@@ -233,9 +276,16 @@ class Store:
                 assignments = ", ".join(f"{k} = ?" for k in values)
                 db.execute(
                     f"UPDATE tasks SET {assignments} WHERE job_id = ? AND idx = ?",
-                    [*values.values(), job_id, idx],
+                    [*map(_column, values.values()), job_id, idx],
                 )
             self._insert_samples(db, job_id, samples)
+            if resource_samples:
+                db.executemany(
+                    f"INSERT INTO resource_samples (job_id, {', '.join(_RESOURCE_COLUMNS)}) "
+                    f"VALUES (?, {', '.join('?' for _ in _RESOURCE_COLUMNS)})",
+                    [[job_id, *(getattr(r, c) for c in _RESOURCE_COLUMNS)]
+                     for r in resource_samples],
+                )  # fmt: skip
 
     # --- events -------------------------------------------------------------------------
     def add_event(self, job_id: str, kind: str, message: str, task: int | None = None) -> None:
@@ -269,6 +319,14 @@ class Store:
             (job_id,),
         ).fetchall()
         return [Sample(**dict(r)) for r in rows]
+
+    def resource_samples(self, job_id: str) -> list[ResourceSample]:
+        rows = self._db.execute(
+            f"SELECT {', '.join(_RESOURCE_COLUMNS)} FROM resource_samples "
+            "WHERE job_id = ? ORDER BY task, ts",
+            (job_id,),
+        ).fetchall()
+        return [ResourceSample(**dict(r)) for r in rows]
 
     def events(self, job_id: str) -> list[EventRecord]:
         rows = self._db.execute(

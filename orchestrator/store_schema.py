@@ -11,7 +11,7 @@ from pathlib import Path
 
 from orchestrator.errors import UsageError
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -61,6 +61,8 @@ CREATE TABLE IF NOT EXISTS tasks (
     steps_per_epoch INTEGER NOT NULL DEFAULT 0,
     epoch_step INTEGER NOT NULL DEFAULT 0,
     agent_ident TEXT NOT NULL DEFAULT '',
+    resources TEXT,
+    straggler TEXT NOT NULL DEFAULT '',
     PRIMARY KEY (job_id, idx)
 );
 CREATE TABLE IF NOT EXISTS events (
@@ -83,10 +85,34 @@ CREATE TABLE IF NOT EXISTS samples (
     steps_per_sec REAL
 );
 CREATE INDEX IF NOT EXISTS samples_by_job ON samples(job_id, task, ts);
+{RESOURCE_SAMPLES}"""
+
+RESOURCE_SAMPLES = """
+CREATE TABLE IF NOT EXISTS resource_samples (
+    job_id TEXT NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,
+    task INTEGER NOT NULL,
+    ts REAL NOT NULL,
+    attempt INTEGER NOT NULL,
+    cpu_percent REAL,
+    cpu_wait_percent REAL,
+    rss_bytes INTEGER,
+    host_mem_available INTEGER,
+    gpu_utilization REAL,
+    gpu_memory_used INTEGER,
+    collective_percent REAL,
+    input_percent REAL
+);
+CREATE INDEX IF NOT EXISTS resource_samples_by_job ON resource_samples(job_id, task, ts);
 """
+SCHEMA = SCHEMA.replace("{RESOURCE_SAMPLES}", RESOURCE_SAMPLES)
 
 # From each older schema to the next: a store keeps its jobs across upgrades.
 MIGRATIONS = {
+    5: [
+        "ALTER TABLE tasks ADD COLUMN resources TEXT",
+        "ALTER TABLE tasks ADD COLUMN straggler TEXT NOT NULL DEFAULT ''",
+        *(st for st in RESOURCE_SAMPLES.split(";") if st.strip()),
+    ],
     4: ["ALTER TABLE jobs ADD COLUMN scheduler_job TEXT NOT NULL DEFAULT ''"],
     3: [
         "ALTER TABLE jobs ADD COLUMN hosts_json TEXT NOT NULL DEFAULT ''",

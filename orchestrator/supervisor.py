@@ -39,6 +39,7 @@ from orchestrator.paths import collected_dir, report_png
 from orchestrator.restart_policy import plan_restart
 from orchestrator.states import JobState
 from orchestrator.store import JobRecord, Store
+from orchestrator.stragglers import StragglerWatch
 from orchestrator.tick import Group, Tick, Watch
 from worker.proctl import identity, not_nested
 
@@ -236,6 +237,7 @@ class Supervisor:
 
     def _decide_until_done(self, group: Group, watch: Watch) -> Decision | None:
         sup = self.config.supervision
+        stragglers = StragglerWatch(sup.straggler_threshold)
         while not self.stop_requested.is_set():
             observations = self.tick.next(group, watch, sup.poll_interval)
             lost = self.hosts.lost(group, watch)
@@ -255,7 +257,25 @@ class Supervisor:
             if regrow is not None:
                 return regrow
             watch.startup_passed = elapsed > sup.startup_deadline
+            self._judge_stragglers(stragglers, group, watch)
         return None
+
+    def _judge_stragglers(self, stragglers: StragglerWatch, group: Group, watch: Watch) -> None:
+        """A warning (event, console line and `status` column) when a task holds the group
+        back, and when it no longer does; never a failure."""
+        resources = {i: s.resources if s else None for i, s in watch.status.items()}
+        hosts = {t.index: t.host_index for t in group.plan.tasks}
+        changes = stragglers.judge(time.monotonic(), resources, hosts)
+        for change in changes:
+            message = change.message()
+            self.store.add_event(self.job.id, "straggler", message, task=change.task)
+            self.sink.info(message)
+        if changes:
+            self.store.update_tasks(
+                self.job.id,
+                {c.task: {"straggler": c.straggler.reason if c.straggler else ""}
+                 for c in changes},
+            )  # fmt: skip
 
     # --- ending -----------------------------------------------------------------------
     def _succeed(self, group: Group, outcome: Decision) -> JobState:

@@ -32,9 +32,11 @@ from orchestrator.monitor import task_state_of
 from orchestrator.observations import TaskObservation
 from orchestrator.plan import LaunchPlan, TaskPlan
 from orchestrator.states import TaskState
-from orchestrator.store import Sample, Store
+from orchestrator.store import ResourceSample, Sample, Store
 from worker import host_watch
 from worker.spec import JobLayout, Phase, StepSignal, TaskStatus
+
+RESOURCE_SAMPLE_EVERY = 5.0  # seconds between a task's resource samples kept for the report
 
 
 @dataclass
@@ -57,6 +59,7 @@ class Watch:
     seen: dict[int, TaskObservation] = field(default_factory=dict)
     raw_status: dict[int, bytes | None] = field(default_factory=dict)
     status: dict[int, TaskStatus | None] = field(default_factory=dict)  # parsed, this attempt's
+    resources_kept: dict[int, float] = field(default_factory=dict)  # task -> last kept sample's
 
 
 def agents_by_host(agents: list[AgentRef]) -> dict[int, list[AgentRef]]:
@@ -81,6 +84,7 @@ class _Round:
 
     updates: dict[int, dict[str, object]] = field(default_factory=dict)
     samples: list[Sample] = field(default_factory=list)
+    resources: list[ResourceSample] = field(default_factory=list)
 
 
 class Tick:
@@ -248,7 +252,7 @@ class Tick:
             watch.host_ok[h] = result.at
             watch.host_error.pop(h, None)
             self._take(group, watch, by_host[h], result, now_mono, now, round_)
-        self.store.record_round(self.job_id, round_.updates, round_.samples)
+        self.store.record_round(self.job_id, round_.updates, round_.samples, round_.resources)
         observations = []
         for agent in group.agents:
             i = agent.task_index
@@ -352,8 +356,13 @@ class Tick:
                 total_epochs=progress.epochs,
                 steps_per_epoch=progress.steps_per_epoch,
                 epoch_step=progress.epoch_step,
+                resources=status.resources,
                 seq=status.seq,
             )
+            kept = watch.resources_kept.get(i, 0.0)
+            if status.resources and status.resources.at - kept >= RESOURCE_SAMPLE_EVERY:
+                watch.resources_kept[i] = status.resources.at
+                round_.resources.append(ResourceSample.of(i, group.attempt, status.resources))
         if row != watch.last.get(i):
             if progress is not None and progress.step != watch.last.get(i, {}).get("step"):
                 round_.samples.append(

@@ -14,7 +14,7 @@ from orchestrator.host_pool import HostPool, describe_hosts
 from orchestrator.jobs import supervisor_alive
 from orchestrator.states import TaskState
 from orchestrator.store import JobRecord, Store, TaskRecord
-from worker.spec import Phase, StepSignal, remaining_steps
+from worker.spec import Phase, Resources, StepSignal, remaining_steps
 
 if TYPE_CHECKING:
     from orchestrator.config import ClusterConfig
@@ -78,6 +78,11 @@ def job_view(job: JobRecord, tasks: list[TaskRecord], now: float) -> dict[str, A
                 "heartbeat_age": None
                 if t.heartbeat_at is None
                 else round(max(now - t.heartbeat_at, 0.0), 2),
+                # The latest sample while it runs (worker.resources); None: none yet or ended.
+                "resources": None
+                if t.resources is None or t.state.is_terminal()
+                else t.resources.to_dict(),
+                "straggler": t.straggler or None,
             }
             for t in tasks
         ],
@@ -103,6 +108,39 @@ def _step_cell(task: dict[str, Any]) -> str:
     if not task["steps_observed"] and Phase(task["phase"]).past_rendezvous():
         return "not observed"
     return str(task["step"])
+
+
+def _size(nbytes: int | None) -> str:
+    if nbytes is None:
+        return "-"
+    return f"{nbytes / 2**30:.1f}G" if nbytes >= 2**30 else f"{nbytes >> 20}M"
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}%"
+
+
+RESOURCE_HEADERS = ["CPU", "RSS", "GPU", "WAIT"]
+
+
+def resource_cells(r: Resources | None) -> list[str]:
+    """CPU, RSS, GPU (mean utilisation, memory used) and WAIT (in collectives) cells."""
+    if r is None:
+        return ["-"] * len(RESOURCE_HEADERS)
+    utils = [g.utilization for g in r.gpus if g.utilization is not None]
+    used = [g.memory_used for g in r.gpus if g.memory_used is not None]
+    gpu = "-"
+    if r.gpus:
+        gpu = _pct(sum(utils) / len(utils) if utils else None)
+        gpu += f" {_size(sum(used) << 20)}" if used else ""
+    return [_pct(r.cpu_percent), _size(r.rss_bytes), gpu, _pct(r.collective_percent)]
+
+
+def straggler_cell(reason: str | None) -> str:
+    """The reason's head ("CPU saturated", "input-bound"): the whole is in the events."""
+    if not reason:
+        return "-"
+    return "; ".join(part.split(" (")[0] for part in reason.split("; "))
 
 
 def table(headers: list[str], rows: list[list[str]]) -> str:
@@ -154,6 +192,8 @@ def render_status(views: list[dict[str, Any]], detailed: bool) -> None:
                 "-" if t["steps_per_sec"] is None else f"{t['steps_per_sec']:.1f}",
                 _duration(t["eta_seconds"]),
                 "-" if t["heartbeat_age"] is None else f"{t['heartbeat_age']:.1f}s ago",
+                *resource_cells(Resources.from_dict(t["resources"]) if t["resources"] else None),
+                straggler_cell(t["straggler"]),
             ]
             for t in v["tasks"]
         ]
@@ -170,6 +210,8 @@ def render_status(views: list[dict[str, Any]], detailed: bool) -> None:
             "STEPS/S",
             "ETA",
             "HEARTBEAT",
+            *RESOURCE_HEADERS,
+            "STRAGGLER",
         ]
         _write()
         _write(table(headers, rows))
@@ -212,13 +254,22 @@ def render_report(data: dict[str, Any]) -> None:
     rows = [
         [f"worker-{i}", t["host"], t["state"], str(t["epoch"]), str(t["steps"]),
          "-" if t["loss"] is None else f"{t['loss']:.4f}",
-         "-" if t["median_steps_per_sec"] is None else f"{t['median_steps_per_sec']:.1f}"]
+         "-" if t["median_steps_per_sec"] is None else f"{t['median_steps_per_sec']:.1f}",
+         _pct(t.get("median_cpu_percent")), _size(t.get("max_rss_bytes")),
+         _pct(t.get("median_gpu_utilization")), _pct(t.get("median_collective_percent"))]
         for i, t in data["tasks"].items()
     ]  # fmt: skip
-    _write(table(["TASK", "HOST", "STATE", "EPOCH", "STEPS", "LOSS", "STEPS/S (median)"], rows))
+    headers = ["TASK", "HOST", "STATE", "EPOCH", "STEPS", "LOSS", "STEPS/S", "CPU", "RSS (max)",
+               "GPU", "WAIT"]  # fmt: skip
+    _write(table(headers, rows))
+    _write("(medians over the run; WAIT: share of time in collectives, waiting for peers)")
+    for straggler in data.get("stragglers", []):
+        _write(f"  {straggler}")
     if data["metrics"]:
         _write("metrics: " + ", ".join(f"{k}={v}" for k, v in data["metrics"].items()))
     _write(f"chart: {data['chart']['path']}")
+    if data.get("resource_chart", {}).get("panels"):
+        _write(f"resources: {data['resource_chart']['path']}")
 
 
 def plan_size(cfg: ClusterConfig, plan: LaunchPlan) -> str:

@@ -236,9 +236,9 @@ def orchestrate_run(root: Path, home: Path, epochs: int) -> dict[str, float]:
     return {"first_step": first - t0, "throughput": middle_rate(epoch_rates(out), epochs)}
 
 
-def plain_run(root: Path, home: Path, epochs: int, instrument: bool) -> float:
+def plain_run(root: Path, home: Path, epochs: int, instrument: bool, extra: str = "") -> float:
     """P9: a plain fit script (nothing of ours imported) under orchestrate, with or without
-    the bootstrap; its middle epochs' steps/s."""
+    the bootstrap; its middle epochs' steps/s. `extra`: more of cluster.toml."""
     config = root / f"plain-{instrument}.toml"
     backup = root / "shared" / f"plain-backup-{time.monotonic_ns()}"
     config.write_text(
@@ -256,6 +256,7 @@ instrument = {str(instrument).lower()}
 [backend]
 type = "local"
 workers = 2
+{extra}
 """
     )
     return middle_rate(epoch_rates(launch(config, home)), epochs)

@@ -22,6 +22,9 @@ parser.add_argument("--backup-dir", required=True)
 # adds (progress, preemption), ROUNDS times; print each pair's steps/s. Only this mode imports
 # anything of orchestrate.
 parser.add_argument("--ab", type=int, default=0, metavar="ROUNDS")
+# The in-process A/B of bench_sampling.py: alternate fit calls without and with the wait clock
+# (worker.wait_clock: timestamps around every collective and every batch's input).
+parser.add_argument("--ab-waits", type=int, default=0, metavar="ROUNDS")
 args = parser.parse_args()
 
 strategy = tf.distribute.MultiWorkerMirroredStrategy()
@@ -59,6 +62,32 @@ class EpochRate(tf.keras.callbacks.Callback):
         rate = steps / (time.perf_counter() - self.started)
         print(f"BENCH epoch {epoch + 1} {rate:.3f}", flush=True)
 
+
+if args.ab_waits:
+    from tensorflow.python.distribute import cross_device_utils, input_lib
+
+    from worker import wait_clock
+
+    launcher = cross_device_utils.CollectiveReplicaLauncher
+    iterator = input_lib.DistributedIteratorBase
+    plain = (launcher.all_reduce, launcher._all_gather, iterator.get_next)
+    clock = wait_clock.install(tf)
+    timed = (launcher.all_reduce, launcher._all_gather, iterator.get_next)
+
+    def fit_with(methods: tuple, steps_: int) -> float:
+        launcher.all_reduce, launcher._all_gather, iterator.get_next = methods
+        model.train_function = None  # traced again, with or without the timestamps
+        started = time.perf_counter()
+        model.fit(dataset, epochs=1, steps_per_epoch=steps_, verbose=0)
+        return steps_ / (time.perf_counter() - started)
+
+    fit_with(plain, steps)
+    fit_with(timed, steps)  # warm up both
+    long = 10 * steps
+    for _ in range(args.ab_waits):
+        print(f"BENCH ab {fit_with(plain, long):.3f} {fit_with(timed, long):.3f}", flush=True)
+    print(f"BENCH clock {json.dumps(clock.seconds())}", flush=True)
+    raise SystemExit(0)
 
 if args.ab:
     from worker.callbacks import preemption_callback_class, progress_callback_class

@@ -21,7 +21,7 @@ from orchestrator.errors import ConfigError
 from orchestrator.gpus import Gpu, HostGpus, gpu_problems, host_gpus, summary, task_env
 from orchestrator.launcher import make_specs
 from orchestrator.plan import build_plan, task_slots
-from tests.conftest import CliResult, fake_job, status_json
+from tests.conftest import CliResult, fake_job, status_json, wait_for
 from worker import gpu_probe
 
 # --- cluster.toml ---------------------------------------------------------------------------
@@ -286,9 +286,13 @@ STAND_IN = """\
 import json, sys
 spec = json.load(open({spec!r}))
 args = sys.argv[1:]
-if any(a.startswith("--query-gpu=") for a in args):
+query = next((a.split("=", 1)[1] for a in args if a.startswith("--query-gpu=")), None)
+if query is not None:
     for i in range(spec["gpus"]):
-        print(f"{{i}}, GPU-{{i:04d}}, NVIDIA H200, 1, 143771, {{spec['driver']}}")
+        values = {{"index": i, "uuid": f"GPU-{{i:04d}}", "name": "NVIDIA H200",
+                   "memory.used": 1, "memory.total": 143771, "driver_version": spec["driver"],
+                   "utilization.gpu": spec["utilization"]}}
+        print(", ".join(str(values[field]) for field in query.split(",")))
 elif any(a.startswith("--query-compute-apps=") for a in args):
     for gpu, pid, mib in spec.get("busy", []):
         print(f"GPU-{{gpu:04d}}, {{pid}}, {{mib}}")
@@ -299,15 +303,21 @@ else:
 
 
 def stand_in_nvidia_smi(
-    directory: Path, gpus: int = 4, busy: Sequence[tuple[int, int, int]] = (), cuda: str = "12.8"
+    directory: Path,
+    gpus: int = 4,
+    busy: Sequence[tuple[int, int, int]] = (),
+    cuda: str = "12.8",
+    utilization: int = 87,
 ) -> Path:
-    """A `nvidia-smi` in `directory` that reports `gpus` H200s, `busy` (gpu, pid, MiB) compute
-    processes and the driver's CUDA version. Returns the directory (to put first on PATH)."""
+    """A `nvidia-smi` in `directory` that reports `gpus` H200s (1 MiB used, `utilization` %
+    busy), `busy` (gpu, pid, MiB) compute processes and the driver's CUDA version. Returns the
+    directory (to put first on PATH)."""
     directory.mkdir(parents=True, exist_ok=True)
     spec = directory / "spec.json"
     spec.write_text(
-        json.dumps({"gpus": gpus, "busy": list(busy), "cuda": cuda, "driver": "570.86"})
-    )
+        json.dumps({"gpus": gpus, "busy": list(busy), "cuda": cuda, "driver": "570.86",
+                    "utilization": utilization})
+    )  # fmt: skip
     smi = directory / "nvidia-smi"
     smi.write_text(STAND_IN.format(python=sys.executable, spec=str(spec)))
     smi.chmod(smi.stat().st_mode | stat.S_IXUSR)
@@ -454,3 +464,36 @@ def test_dry_run_and_validate_show_the_assignment(
         "local backend, at least 1 task(s) on 1 host(s) (local: tasks counted from the GPUs "
         "found at launch)\n"
     )
+
+
+def test_each_tasks_gpus_are_sampled_and_shown_by_status(
+    tmp_path: Path, cli: Callable[..., CliResult], reap_pids: list[int]
+) -> None:
+    """The agents sample their task's GPUs (the stand-in nvidia-smi here, NVML on a GPU host)
+    at the heartbeat; `status` shows them, per GPU in --json."""
+    path = gpu_job(tmp_path)
+    path.write_text(path.read_text().replace('["--mode", "ok"]', '["--mode", "sleep"]'))
+    result = cli("launch", "--detach", str(path), env=gpu_env(tmp_path), timeout=60)
+    assert result.code == 0, result
+    job_id = status_json(cli)["jobs"][0]["id"]
+    reap_pids.append(status_json(cli)["jobs"][0]["supervisor"]["pid"])
+    try:
+
+        def sampled() -> list[dict[str, Any]] | None:
+            tasks = status_json(cli, job_id)["jobs"][0]["tasks"]
+            ready = all(t["resources"] and t["resources"]["gpus"] for t in tasks)
+            return tasks if ready else None
+
+        tasks = wait_for(sampled, 30)
+        assert isinstance(tasks, list)
+        assert [[g["index"] for g in t["resources"]["gpus"]] for t in tasks] == [[0, 1], [2, 3]]
+        for gpu in (g for t in tasks for g in t["resources"]["gpus"]):
+            assert (gpu["utilization"], gpu["memory_used"], gpu["memory_total"]) == (
+                87.0, 1, 143771
+            )  # fmt: skip
+        text = cli("status", job_id).out
+        header = next(line for line in text.splitlines() if line.startswith("TASK"))
+        assert " GPU " in header
+        assert all("87% 2M" in line for line in text.splitlines() if line.startswith("worker-"))
+    finally:
+        assert cli("stop", job_id, timeout=60).code == 0

@@ -49,7 +49,11 @@ def plain_config(
 
 
 def wait_while_running(
-    cli: Callable[..., CliResult], job_id: str, reap: list[int], ready: Callable[[dict], bool]
+    cli: Callable[..., CliResult],
+    job_id: str,
+    reap: list[int],
+    ready: Callable[[dict], bool],
+    interval: float = 0.5,
 ) -> dict:
     def check() -> dict | None:
         job = job_view(cli, job_id)
@@ -57,7 +61,7 @@ def wait_while_running(
         assert job["state"] in ("launching", "running"), job["last_cause"]
         return job if ready(job) else None
 
-    return wait_for(check, 180, interval=0.5)  # type: ignore[return-value]
+    return wait_for(check, 180, interval=interval)  # type: ignore[return-value]
 
 
 def test_a_plain_fit_script_reports_progress_outlives_the_deadline_and_checkpoints_on_preemption(
@@ -98,6 +102,8 @@ def test_a_plain_fit_script_reports_progress_outlives_the_deadline_and_checkpoin
     # no peer, as MWMS allows) is stopped as a straggler after the chief succeeded.
     last_attempt = log[log.rindex("[orchestrate] attempt") :]
     assert "task 1 done" in last_attempt or "exited with code 143 (stopped)" in last_attempt
+    # Both tasks train at the same pace on their own: neither is named a straggler.
+    assert not [e["message"] for e in job["events"] if e["kind"] == "straggler"]
     wait_for(lambda: not job_processes(job_id), 10)
 
 
@@ -216,3 +222,51 @@ def test_fit_is_instrumented_once_for_runtime_scripts_and_also_under_keras_3(
     assert found["tf.keras"] == 1  # runtime.callbacks' reporter, and not a second one of ours
     assert found["tf.keras progress"] == ["keras", 2, 4]
     assert found["keras 3 progress"] == ["keras", 3, 12]
+
+
+def test_a_task_with_a_slow_input_pipeline_is_named_the_straggler_with_its_reason(
+    tmp_path: Path, cli: Callable[..., CliResult], reap_pids: list[int]
+) -> None:
+    """worker-1's input pipeline sleeps 0.1 s a batch (the script does it, by environment):
+    worker-1 is named the straggler, input-bound, and the job goes on. The script imports
+    nothing of ours; its resources are in `status --json` all the same. (Looked at every 2 s:
+    each look starts a CLI process, a load on this machine's two CPUs.)"""
+    path = plain_config(
+        tmp_path, PLAIN_FIT, ["--epochs", "400", "--backup-dir", str(tmp_path / "backup")],
+        env=', SLOW_INPUT = "1:0.1"',
+    )  # fmt: skip
+    job_id = launch_detached(cli, path, reap_pids)
+
+    def timed(job: dict) -> bool:
+        return all(
+            t["resources"] and t["resources"]["collective_percent"] is not None
+            for t in job["tasks"]
+        )
+
+    job = wait_while_running(cli, job_id, reap_pids, timed, interval=2.0)
+    for task in job["tasks"]:
+        sample = task["resources"]
+        assert sample["cpu_percent"] > 5 and sample["rss_bytes"] > 200 << 20
+        assert 0 < sample["host_mem_available"] < sample["host_mem_total"]
+        assert sample["cpu_wait_percent"] is not None and sample["input_percent"] is not None
+        assert sample["host_cpu_percent"] is not None and sample["gpus"] == []
+    job = wait_while_running(
+        cli, job_id, reap_pids, lambda j: any(t["straggler"] for t in j["tasks"]), 2.0
+    )
+    assert job["tasks"][0]["straggler"] is None
+    assert job["tasks"][1]["straggler"].startswith("input-bound (")
+    assert job["tasks"][1]["resources"]["input_percent"] > 30
+    assert job["tasks"][0]["resources"]["input_percent"] < 15
+    row = next(r for r in cli("status", job_id).out.splitlines() if r.startswith("worker-1"))
+    assert row.endswith("input-bound")
+    assert cli("stop", job_id, timeout=120).code == 0
+    job = job_view(cli, job_id)
+    assert job["state"] == "stopped" and job["restarts"] == 0  # a warning, never a failure
+    [named] = [e for e in job["events"] if e["kind"] == "straggler"]
+    assert named["task"] == 1
+    assert named["message"].startswith("worker-1 is a straggler: its own part of each step is ")
+    assert "likely reason: input-bound (" in named["message"]
+    report = json.loads(cli("report", job_id, "--json").out)
+    assert report["stragglers"] == [named["message"]]
+    assert "% waiting for input" in report["resource_chart"]["panels"]
+    wait_for(lambda: not job_processes(job_id), 10)

@@ -86,21 +86,28 @@ def test_a_store_of_the_previous_schema_is_upgraded_in_place(tmp_path: Path) -> 
     from worker.spec import Phase, StepSignal
 
     db = tmp_path / "s.db"
-    old_schema = store_schema.SCHEMA.replace(
-        """    phase TEXT NOT NULL DEFAULT '',
+    old_schema = (
+        store_schema.SCHEMA.replace(
+            """    phase TEXT NOT NULL DEFAULT '',
     step_signal TEXT NOT NULL DEFAULT '',
     total_epochs INTEGER NOT NULL DEFAULT 0,
     steps_per_epoch INTEGER NOT NULL DEFAULT 0,
     epoch_step INTEGER NOT NULL DEFAULT 0,
     agent_ident TEXT NOT NULL DEFAULT '',
+    resources TEXT,
+    straggler TEXT NOT NULL DEFAULT '',
 """,
-        "",
-    ).replace(
-        ",\n    supervisor_ident TEXT NOT NULL DEFAULT '',\n    hosts_json TEXT NOT NULL DEFAULT '',\n    budget_base INTEGER NOT NULL DEFAULT 0,\n    scheduler_job TEXT NOT NULL DEFAULT ''",
-        "",
+            "",
+        )
+        .replace(store_schema.RESOURCE_SAMPLES, "")
+        .replace(
+            ",\n    supervisor_ident TEXT NOT NULL DEFAULT '',\n    hosts_json TEXT NOT NULL DEFAULT '',\n    budget_base INTEGER NOT NULL DEFAULT 0,\n    scheduler_job TEXT NOT NULL DEFAULT ''",
+            "",
+        )
     )
     assert "phase" not in old_schema and "_ident" not in old_schema
     assert "hosts_json" not in old_schema
+    assert "straggler" not in old_schema and "resource_samples" not in old_schema
     with sqlite3.connect(db) as raw:
         raw.executescript(old_schema)
         raw.execute("PRAGMA user_version = 1")
@@ -124,4 +131,17 @@ def test_a_store_of_the_previous_schema_is_upgraded_in_place(tmp_path: Path) -> 
     assert store.get_job("old-1").hosts_json == "[]"
     store.update_job("old-1", scheduler_job="17")  # and schema 5's
     assert store.get_job("old-1").scheduler_job == "17"
+    from orchestrator.store import ResourceSample
+    from worker.spec import Resources
+
+    store.record_round(  # and schema 6's
+        "old-1",
+        {0: {"resources": Resources(at=3.0, cpu_percent=99.0), "straggler": "input-bound"}},
+        [],
+        [ResourceSample(0, 3.0, 0, cpu_percent=99.0)],
+    )
+    upgraded = store.tasks("old-1")[0]
+    assert upgraded.resources == Resources(at=3.0, cpu_percent=99.0)
+    assert upgraded.straggler == "input-bound"
+    assert store.resource_samples("old-1") == [ResourceSample(0, 3.0, 0, cpu_percent=99.0)]
     assert Store(db).get_job("old").state == JobState.SUCCEEDED  # opens again, no migration

@@ -76,6 +76,11 @@ def test_example_trains_on_disjoint_shards_and_the_chief_saves_once(
     assert report.code == 0, report.err
     data = json.loads(report.out)
     assert data["chart"]["lines"] == ["worker-0", "worker-1"]
+    assert data["resource_chart"]["panels"][:3] == [
+        "trainer CPU %", "% waiting for a CPU", "trainer RSS MiB"
+    ]  # fmt: skip
+    assert (job_home / "report-resources.png").stat().st_size > 10_000
+    assert all(t["max_rss_bytes"] > 100 << 20 for t in data["tasks"].values())
     assert all(t["median_steps_per_sec"] > 0 and t["epoch"] == 6 for t in data["tasks"].values())
     assert data["metrics"]["test_accuracy"] >= 0.9 and data["restarts"] == 0
 
@@ -95,18 +100,23 @@ def test_example_trains_on_disjoint_shards_and_the_chief_saves_once(
             (job_dir / "tensorboard" / f"worker-{i}" / "train").glob("events.out.tfevents.*")
         )
         assert events, f"no TensorBoard events for worker-{i}"
+    # ... and its agent the resources it sampled, to a run beside it, read here by TensorFlow.
     count_scalars = (
-        "import sys, tensorflow as tf; print(sum(1 for f in sys.argv[1:] "
+        "import sys, tensorflow as tf; print(*(sum(1 for f in sys.argv[1:] "
         "for e in tf.compat.v1.train.summary_iterator(f) for v in e.summary.value "
-        "if v.tag == 'epoch_loss'))"
+        "if v.tag == tag) for tag in ('epoch_loss', 'resources/rss_mib')))"
     )
     for i in (0, 1):
         files = [
-            str(p) for p in (job_dir / "tensorboard" / f"worker-{i}" / "train").glob("events*")
+            str(p)
+            for run in ("train", "resources")
+            for p in (job_dir / "tensorboard" / f"worker-{i}" / run).glob("events*")
         ]
         out = subprocess.run([sys.executable, "-c", count_scalars, *files], capture_output=True,
                              text=True, timeout=120)  # fmt: skip
-        assert out.stdout.strip().splitlines()[-1] == "6", out.stderr[-1000:]
+        epochs, samples = map(int, out.stdout.strip().splitlines()[-1].split())
+        assert epochs == 6, out.stderr[-1000:]
+        assert samples >= 5  # one per heartbeat while it trained
     out = subprocess.run(
         [sys.executable, "-c", load, str(collected / "model")],
         capture_output=True,

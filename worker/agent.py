@@ -26,6 +26,7 @@ from typing import BinaryIO
 
 from worker.contact import cut_off, forget, peer_endpoints
 from worker.proctl import not_nested
+from worker.resources import ResourceSampler, sampler_for
 from worker.spec import (
     ENV_ATTEMPT,
     ENV_JOB_DIR,
@@ -33,14 +34,17 @@ from worker.spec import (
     ENV_PREEMPTION_EXIT_CODE,
     ENV_PROGRESS_FILE,
     ENV_TASK_DIR,
+    ENV_TIME_WAITS,
     AgentState,
     Phase,
     Progress,
+    Resources,
     TaskStatus,
     WorkerSpec,
     write_json_atomic,
 )
 from worker.standby import socket_name
+from worker.tb_events import EventWriter
 from worker.warm import (
     KeeperLink,
     WarmTrainer,
@@ -111,6 +115,8 @@ def trainer_env(spec: WorkerSpec) -> dict[str, str]:
         }
     )
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+    if not spec.sample_resources:
+        env[ENV_TIME_WAITS] = "0"
     return env
 
 
@@ -140,6 +146,10 @@ class Agent:
         self._log: BinaryIO | None = None
         self._write_failing = False
         self._peers = peer_endpoints(spec.tf_config, spec.task_type, spec.task_index)
+        self._sampler: ResourceSampler | None = None
+        self._tensorboard = EventWriter(Path(layout.tensorboard_dir(spec.task_index)) / "resources")
+        if spec.sample_resources:
+            self._sampler = sampler_for({**os.environ, **spec.env})
 
     def run(self) -> int:
         spec = self.spec
@@ -309,6 +319,10 @@ class Agent:
         coordinator sees the heartbeat stop and names the directory's state as the cause."""
         self._seq += 1
         trainer = self._trainer
+        progress = self._read_progress()
+        resources = None
+        if state == AgentState.RUNNING and trainer is not None:
+            resources = self._sample(trainer.pid, progress)
         status = TaskStatus(
             state=state,
             seq=self._seq,
@@ -316,8 +330,9 @@ class Agent:
             agent_pid=os.getpid(),
             trainer_pid=trainer.pid if trainer is not None else None,
             exit_code=exit_code,
-            progress=self._read_progress(),
+            progress=progress,
             message=message,
+            resources=resources,
         )
         try:
             write_json_atomic(self.status_path, status.to_dict())
@@ -330,6 +345,36 @@ class Agent:
             _say(f"[orchestrate] {self.status_path} writable again")
         self._write_failing = False
         return True
+
+    def _sample(self, pid: int, progress: Progress) -> Resources | None:
+        """This heartbeat's resource sample, also written to the task's TensorBoard run."""
+        if self._sampler is None:
+            return None
+        resources = self._sampler.sample(pid, progress)
+        launched = self.spec.launched_at
+        step = int(resources.at - launched) if launched else self._seq
+        with contextlib.suppress(OSError):  # a full shared directory must not end the agent
+            self._tensorboard.scalars(step, tensorboard_scalars(resources), resources.at)
+        return resources
+
+
+def tensorboard_scalars(resources: Resources) -> dict[str, float]:
+    """The scalars of one sample, named for TensorBoard (MiB for memory)."""
+    values: dict[str, float | int | None] = {
+        "resources/cpu_percent": resources.cpu_percent,
+        "resources/cpu_wait_percent": resources.cpu_wait_percent,
+        "resources/rss_mib": None if resources.rss_bytes is None else resources.rss_bytes >> 20,
+        "resources/host_cpu_percent": resources.host_cpu_percent,
+        "resources/host_mem_available_mib": None
+        if resources.host_mem_available is None
+        else resources.host_mem_available >> 20,
+        "resources/collective_percent": resources.collective_percent,
+        "resources/input_percent": resources.input_percent,
+    }
+    for gpu in resources.gpus:
+        values[f"resources/gpu{gpu.index}_utilization"] = gpu.utilization
+        values[f"resources/gpu{gpu.index}_memory_used_mib"] = gpu.memory_used
+    return {k: float(v) for k, v in values.items() if v is not None}
 
 
 def _say(text: str) -> None:

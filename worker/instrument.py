@@ -5,7 +5,8 @@ Post-import hooks (a finder on sys.meta_path that runs a function right after a 
 loaded) wait for the script's own imports:
 
 - `tensorflow` loaded: phase IMPORTED; MultiWorkerMirroredStrategy's constructor reports
-  JOINING before the rendezvous and JOINED after it;
+  JOINING before the rendezvous and JOINED after it; the wait clock (worker.wait_clock) times
+  collectives and input, its totals written with the progress;
 - `tf_keras` or `keras` loaded: `Model.fit` gains the progress callback (and, when the script's
   own BackupAndRestore is among its callbacks, the preemption callback); every optimizer made
   is remembered, and a thread reads its `iterations` every half second: the step signal of a
@@ -21,6 +22,7 @@ import importlib.abc
 import importlib.machinery
 import importlib.util
 import inspect
+import os
 import sys
 import threading
 import time
@@ -29,6 +31,7 @@ from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
+from worker import wait_clock
 from worker.callbacks import (
     PREEMPTION_MARK,
     PROGRESS_MARK,
@@ -36,7 +39,7 @@ from worker.callbacks import (
     progress_callback_class,
 )
 from worker.progress import ProgressWriter
-from worker.spec import Phase, StepSignal
+from worker.spec import ENV_TIME_WAITS, Phase, StepSignal
 
 OPTIMIZER_POLL_SECONDS = 0.5
 _MARK = "_orchestrate_wrapped"
@@ -132,6 +135,11 @@ class Instrumentation:
     # --- tensorflow -------------------------------------------------------------------
     def _on_tensorflow(self, tf: ModuleType) -> None:
         self._tf = tf
+        if os.environ.get(ENV_TIME_WAITS, "1") != "0":
+            try:
+                self.writer.counters = wait_clock.install(tf).seconds
+            except Exception as exc:  # another TensorFlow's internals: no wait shares
+                _warn("waits for peers and input", exc)
         if self.writer.current.phase in (Phase.NONE, Phase.STARTING):
             self.writer.phase(Phase.IMPORTED)
         strategy_class = tf.distribute.MultiWorkerMirroredStrategy

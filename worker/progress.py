@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,8 @@ class ProgressWriter:
         self._lock = threading.Lock()
         self._progress = Progress()
         self._last_write = float("-inf")
+        # Read at each write: the wait clock's totals (worker.wait_clock), once it is there.
+        self.counters: Callable[[], dict[str, float]] | None = None
 
     @property
     def current(self) -> Progress:
@@ -38,6 +41,9 @@ class ProgressWriter:
             now = time.monotonic()
             if self.path is None or (not force and now - self._last_write < self.min_interval):
                 return
+            if self.counters is not None:
+                counted: dict[str, Any] = dict(self.counters())
+                self._progress = replace(self._progress, **counted)
             try:
                 write_json_atomic(self.path, self._progress.to_dict())
             except OSError:

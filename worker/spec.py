@@ -13,14 +13,15 @@ from worker.atomic import write_bytes_atomic, write_json_atomic
 
 __all__ = ["write_bytes_atomic", "write_json_atomic"]  # re-exported: part of the contract
 
-SPEC_VERSION = 3
+SPEC_VERSION = 4
 # The host helper's request set and the spec it starts agents with. The coordinator refuses a
 # host whose worker package answers with another (an older orchestrate installed there): bump
 # it when a helper operation or the spec changes. 3: the spec gained `instrument`. 4: processes
 # are named by pid and identity (start returns both; alive, observe and stop check it), stop_job.
 # 6: listen, unlisten, connect, route (`orchestrate check`); probe's `gpu` (GPU hosts).
 # 7: observe became watch (a long poll: known state in, status keys out).
-HOST_PROTOCOL = 7
+# 8: the spec gained sample_resources and launched_at; statuses carry resources.
+HOST_PROTOCOL = 8
 _D = TypeVar("_D")
 
 # Environment a trainer sees, besides TF_CONFIG and the user's env.
@@ -32,6 +33,7 @@ ENV_ATTEMPT = "ORCHESTRATE_ATTEMPT"
 ENV_STRATEGY = "ORCHESTRATE_STRATEGY"  # cluster.toml's [strategy] as JSON
 ENV_PROFILE_STEPS = "ORCHESTRATE_PROFILE_STEPS"  # "first,last" training steps to profile
 ENV_PREEMPTION_EXIT_CODE = "ORCHESTRATE_PREEMPTION_EXIT_CODE"  # restart.preemption_exit_code
+ENV_TIME_WAITS = "ORCHESTRATE_TIME_WAITS"  # "0": do not time collectives and input (wait_clock)
 
 
 class JobLayout:
@@ -54,6 +56,10 @@ class JobLayout:
 
     def log_path(self, index: int) -> PurePosixPath:
         return self.root / "logs" / f"worker-{index}.log"
+
+    def tensorboard_dir(self, index: int) -> PurePosixPath:
+        """The task's TensorBoard runs: train/ (worker.runtime), resources/ (the agent)."""
+        return self.root / "tensorboard" / f"worker-{index}"
 
     @property
     def backup_dir(self) -> PurePosixPath:
@@ -112,6 +118,9 @@ class WorkerSpec:
     warm_restart: bool = False
     # How long the task's standby keeper waits for the next attempt's agent before it ends.
     standby_linger: float = 60.0
+    # Sample the trainer's resources at every heartbeat (worker.resources) and time its waits.
+    sample_resources: bool = True
+    launched_at: float = 0.0  # the job's launch (time.time()): TensorBoard's step 0
     version: int = SPEC_VERSION
 
     @property
@@ -188,6 +197,11 @@ class Progress:
     epochs: int = 0  # total epochs of model.fit; 0: unknown
     steps_per_epoch: int = 0  # 0: unknown
     epoch_step: int = 0  # batches done in the current epoch
+    # worker.wait_clock: seconds this trainer's steps spent in collectives (waiting for its
+    # peers) and waiting for input, so far, at `clock` (time.time()); 0.0 clock: not timed.
+    collective_seconds: float = 0.0
+    input_seconds: float = 0.0
+    clock: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -209,6 +223,48 @@ def remaining_steps(epoch: int, epochs: int, steps_per_epoch: int, epoch_step: i
 
 
 @dataclass(frozen=True)
+class GpuSample:
+    index: int  # nvidia-smi's
+    utilization: float | None = None  # percent of the last sample period a kernel ran
+    memory_used: int | None = None  # MiB
+    memory_total: int | None = None  # MiB
+
+
+@dataclass(frozen=True)
+class Resources:
+    """What a task's machine was doing, sampled by its agent at a heartbeat (worker.resources).
+    CPU percentages are over the interval since the previous sample, the shares of waiting
+    over the last SHARE_WINDOW seconds; None: not measured."""
+
+    at: float = 0.0  # time.time() of the sample
+    cpu_percent: float | None = None  # the trainer's CPU time, percent of one core
+    cpu_wait_percent: float | None = None  # of the time its threads wanted a CPU, % waiting
+    rss_bytes: int | None = None  # the trainer's resident memory
+    host_cpu_percent: float | None = None  # all the host's CPUs, percent busy
+    host_mem_available: int | None = None  # bytes (MemAvailable)
+    host_mem_total: int | None = None
+    gpus: tuple[GpuSample, ...] = ()  # the task's GPUs (all the host's when it has none set)
+    # Of the trainer's wall time over the last window (worker.wait_clock), percent spent in
+    # collectives (waiting for peers) and waiting for input; None: not timed.
+    collective_percent: float | None = None
+    input_percent: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Resources:
+        known = {f.name for f in fields(cls)}
+        values = {k: v for k, v in data.items() if k in known}
+        gpu_known = {f.name for f in fields(GpuSample)}
+        values["gpus"] = tuple(
+            GpuSample(**{k: v for k, v in g.items() if k in gpu_known})
+            for g in values.get("gpus") or ()
+        )
+        return cls(**values)
+
+
+@dataclass(frozen=True)
 class TaskStatus:
     """What an agent reports: rewritten atomically every heartbeat."""
 
@@ -220,6 +276,7 @@ class TaskStatus:
     exit_code: int | None = None
     progress: Progress = field(default_factory=Progress)
     message: str = ""
+    resources: Resources | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -239,6 +296,7 @@ class TaskStatus:
                 exit_code=data.get("exit_code"),
                 progress=Progress.from_dict(data.get("progress") or {}),
                 message=str(data.get("message", "")),
+                resources=Resources.from_dict(data["resources"]) if data.get("resources") else None,
             )
         except (KeyError, TypeError) as exc:
             raise ValueError(f"task status: {exc}") from None

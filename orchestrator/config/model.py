@@ -241,6 +241,13 @@ class SupervisionSection(_Model):
     # A relaunch that cannot reach a host waits this long for it (re-probing with backoff)
     # before it replaces it with a spare, goes on without it (min_workers), or fails.
     host_wait: Annotated[Seconds, Field(ge=0)] = 600.0
+    # Sample each task's resources at every heartbeat and time its waits for peers and input
+    # (shown by `status`, the run report and TensorBoard; what names stragglers).
+    sample_resources: bool = True
+    # A task whose own part of each step (its step time less its wait for peers) is longer
+    # than the other tasks' by more than this fraction, consistently, is named a straggler:
+    # a warning, never a failure.
+    straggler_threshold: Annotated[float, Field(gt=0, le=10)] = 0.15
 
 
 class RestartSection(_Model):
