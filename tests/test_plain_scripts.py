@@ -122,6 +122,12 @@ def test_a_plain_custom_loop_reports_steps_and_outlives_the_deadline(
     )
     for task in job["tasks"]:
         assert task["phase"] == "training" and task["step_signal"] == "optimizer"
+    # A custom loop's all-reduce is timed too: its waits for peers are in its samples.
+    wait_while_running(
+        cli, job_id, reap_pids,
+        lambda j: all(t["resources"] and t["resources"]["collective_percent"] is not None
+                      for t in j["tasks"]),
+    )  # fmt: skip
     job = wait_for_end(cli, job_id, timeout=300)
     assert job["state"] == "succeeded", job["last_cause"]
     assert job["restarts"] == 0 and job["wall_seconds"] > 40  # it did outlive the deadline

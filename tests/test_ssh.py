@@ -406,7 +406,7 @@ def test_example_trains_across_three_ssh_hosts_through_a_dropped_connection(
             ok = (
                 jobs
                 and jobs[0]["state"] == "running"
-                and all(t["step"] > 0 for t in jobs[0]["tasks"])
+                and all(t["step"] > 0 and t["resources"] for t in jobs[0]["tasks"])
             )
             return jobs[0] if ok else None
 
@@ -420,6 +420,8 @@ def test_example_trains_across_three_ssh_hosts_through_a_dropped_connection(
     for i in range(3):
         assert f"[worker-{i} h{i}] final held-out accuracy:" in out
     assert [t["host"] for t in running["tasks"]] == ["h0", "h1", "h2"]
+    # Each remote agent's resource sample reached `status` through its host's long poll.
+    assert all(t["resources"]["rss_bytes"] > 200 << 20 for t in running["tasks"])
     assert [t["address"].rsplit(":", 1)[0] for t in running["tasks"]] == [
         h.address for h in bed.hosts
     ]
