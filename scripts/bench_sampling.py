@@ -31,8 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from scripts.bench_measure import PLAIN_TRAINER, PY, REPO, free_ports, plain_run
-from worker.agent import tensorboard_scalars
-from worker.resources import ResourceSampler
+from worker.resources import ResourceSampler, tensorboard_scalars
 from worker.spec import Progress
 from worker.tb_events import EventWriter
 

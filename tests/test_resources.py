@@ -16,7 +16,7 @@ import pytest
 from orchestrator.stragglers import Change, StragglerWatch, candidate, likely_reason
 from tests.test_gpu import stand_in_nvidia_smi
 from worker import resources, tb_events
-from worker.agent import tensorboard_scalars
+from worker.resources import tensorboard_scalars
 from worker.spec import GpuSample, Progress, Resources
 
 SPIN = [sys.executable, "-c", "while True: pass"]

@@ -311,3 +311,22 @@ class ResourceSampler:
 def sampler_for(env: Mapping[str, str]) -> ResourceSampler:
     """The sampler of a task whose trainer runs with `env`."""
     return ResourceSampler(GpuSampler(task_gpus(env)))
+
+
+def tensorboard_scalars(resources: Resources) -> dict[str, float]:
+    """The scalars of one sample, named for TensorBoard (MiB for memory)."""
+    values: dict[str, float | int | None] = {
+        "resources/cpu_percent": resources.cpu_percent,
+        "resources/cpu_wait_percent": resources.cpu_wait_percent,
+        "resources/rss_mib": None if resources.rss_bytes is None else resources.rss_bytes >> 20,
+        "resources/host_cpu_percent": resources.host_cpu_percent,
+        "resources/host_mem_available_mib": None
+        if resources.host_mem_available is None
+        else resources.host_mem_available >> 20,
+        "resources/collective_percent": resources.collective_percent,
+        "resources/input_percent": resources.input_percent,
+    }
+    for gpu in resources.gpus:
+        values[f"resources/gpu{gpu.index}_utilization"] = gpu.utilization
+        values[f"resources/gpu{gpu.index}_memory_used_mib"] = gpu.memory_used
+    return {k: float(v) for k, v in values.items() if v is not None}
