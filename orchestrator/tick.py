@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import queue
 import time
-from collections.abc import Collection, Iterable
+from collections.abc import Collection
 
 from orchestrator.backends import Backend
 from orchestrator.fanout import Fanout
@@ -118,7 +118,7 @@ class Tick:
                         results.append(self._answers.get_nowait())
                     except queue.Empty:
                         break
-        return self.ingest(group, watch, results)
+        return self._ingest.ingest(group, watch, results)
 
     def settle(self, group: Group, watch: Watch) -> None:
         """Before the group is stopped: wait (at most host_timeout) until every host has
@@ -168,7 +168,7 @@ class Tick:
         results += [PollResult(h, now, (), error=e) for h, e in reads.failed.items()]
         # On the round's clock from before the reads: a slow host must not age the heartbeats
         # of the hosts read beside it.
-        return self.ingest(group, watch, results, skip, now)
+        return self._ingest.ingest(group, watch, results, skip, now)
 
     # --- turning answers into observations (orchestrator.ingest) -----------------------------
     @property
@@ -178,16 +178,6 @@ class Tick:
     @tailers.setter
     def tailers(self, tailers: dict[int, LogTailer]) -> None:
         self._ingest.tailers = tailers
-
-    def ingest(
-        self,
-        group: Group,
-        watch: Watch,
-        results: Iterable[PollResult],
-        skip: Collection[int] = (),
-        at: float | None = None,
-    ) -> list[TaskObservation]:
-        return self._ingest.ingest(group, watch, results, skip, at)
 
     def _target(self, host: int, agents: list[AgentRef]) -> PollTarget:
         return PollTarget(

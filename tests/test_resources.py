@@ -205,3 +205,23 @@ def test_a_straggler_is_named_only_when_consistent_and_cleared_the_same_way() ->
     assert [watch.judge(t, other) for t in (60.0, 65.0)] == [[], []]
     cleared, renamed = watch.judge(70.0, other)  # another task took its place
     assert (cleared, renamed.task) == (Change(1, None), 0)
+
+
+def test_a_sampler_that_fails_stops_sampling_and_the_agent_goes_on(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from worker.agent import Agent
+    from worker.spec import WorkerSpec
+
+    spec = WorkerSpec(job_id="j", task_index=0, host_label="h", tf_config={}, argv=["python"],
+                      workdir=str(tmp_path), shared_dir=str(tmp_path))  # fmt: skip
+    agent = Agent(spec)
+
+    class Broken(resources.ResourceSampler):
+        def sample(self, pid: int | None, progress: Progress) -> Resources:
+            raise ValueError("an odd /proc")
+
+    agent._sampler = Broken()
+    assert agent._sample(os.getpid(), Progress()) is None
+    assert agent._sampler is None and agent._sample(os.getpid(), Progress()) is None
+    assert "resource sampling stopped: ValueError: an odd /proc" in capsys.readouterr().err

@@ -350,7 +350,12 @@ class Agent:
         """This heartbeat's resource sample, also written to the task's TensorBoard run."""
         if self._sampler is None:
             return None
-        resources = self._sampler.sample(pid, progress)
+        try:
+            resources = self._sampler.sample(pid, progress)
+        except Exception as exc:  # sampling must never end the agent (and orphan the trainer)
+            _say(f"[orchestrate] resource sampling stopped: {type(exc).__name__}: {exc}")
+            self._sampler = None
+            return None
         launched = self.spec.launched_at
         step = int(resources.at - launched) if launched else self._seq
         with contextlib.suppress(OSError):  # a full shared directory must not end the agent

@@ -42,8 +42,11 @@ class ProgressWriter:
             if self.path is None or (not force and now - self._last_write < self.min_interval):
                 return
             if self.counters is not None:
-                counted: dict[str, Any] = dict(self.counters())
-                self._progress = replace(self._progress, **counted)
+                try:
+                    counted: dict[str, Any] = dict(self.counters())
+                    self._progress = replace(self._progress, **counted)
+                except Exception:  # ours, never the script's: go on without the wait clock
+                    self.counters = None
             try:
                 write_json_atomic(self.path, self._progress.to_dict())
             except OSError:
