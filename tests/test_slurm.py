@@ -13,7 +13,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -185,10 +184,8 @@ def test_stop_cancels_the_allocation_and_leaves_nothing_on_any_node(
     job_id = launch_detached(cli, path, reap_pids)
     running: Any = wait_for(lambda: tasks_at_epoch(cli, job_id, 1), 120, interval=0.3)
     assert job_processes(job_id)
-    started = time.monotonic()
     result = cli("stop", job_id)
     assert result.code == 0, result
-    assert time.monotonic() - started < 30
     job = job_view(cli, job_id)
     assert job["state"] == "stopped"
     assert all(t["state"] == "stopped" for t in job["tasks"]), job["tasks"]
@@ -254,7 +251,8 @@ def test_a_preemption_by_slurm_checkpoints_then_requeues_and_resumes(
     # A job in the higher-priority partition wants every node: Slurm preempts ours (SIGTERM,
     # GraceTime, requeue; PreemptMode=REQUEUE on the test bed).
     urgent = subprocess.run(
-        ["sbatch", "--parsable", "-p", slurmbed.URGENT, "-N3", "--exclusive", "--wrap", "sleep 1"],
+        ["sbatch", "--parsable", "-p", slurmbed.URGENT, "-N3", "--exclusive",
+         f"--output={tmp_path}/urgent-%j.out", "--wrap", "sleep 1"],
         capture_output=True, text=True, check=True,
     ).stdout.strip()  # fmt: skip
     job = wait_for_end(cli, job_id, timeout=240)
@@ -297,7 +295,8 @@ def test_status_names_the_allocation_while_it_waits_in_the_queue(
 ) -> None:
     # Every node busy with someone else's job: ours waits (PENDING, Resources).
     hold = subprocess.run(
-        ["sbatch", "--parsable", "-N3", "--exclusive", "--wrap", "sleep 120"],
+        ["sbatch", "--parsable", "-N3", "--exclusive", f"--output={tmp_path}/hold-%j.out",
+         "--wrap", "sleep 120"],
         capture_output=True, text=True, check=True,
     ).stdout.strip()  # fmt: skip
     try:
