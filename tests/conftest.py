@@ -158,8 +158,9 @@ def wait_for_end(cli: Callable[..., CliResult], job_id: str, timeout: float = 24
 
 
 def job_processes(job_id: str) -> list[int]:
-    """Every live process of a job, found from /proc: agents by their spec path, trainers by
-    the ORCHESTRATE_JOB_ID in their environment. Whatever attempt started them."""
+    """Every live process of a job, found from /proc: agents by their spec path, standby
+    keepers by their arguments (worker/standby.py JOB ...), trainers and standbys by the
+    ORCHESTRATE_JOB_ID in their environment. Whatever attempt started them."""
     from worker.proctl import is_alive
 
     found = []
@@ -172,9 +173,10 @@ def job_processes(job_id: str) -> list[int]:
             environ = (entry / "environ").read_bytes()
         except OSError:
             continue
-        if (f"/{job_id}/tasks/".encode() in cmdline or needle in environ.split(b"\0")) and is_alive(
-            int(entry.name)
-        ):
+        argv = cmdline.split(b"\0")
+        keeper = any(a.endswith(b"standby.py") for a in argv) and job_id.encode() in argv
+        ours = f"/{job_id}/tasks/".encode() in cmdline or needle in environ.split(b"\0")
+        if (ours or keeper) and is_alive(int(entry.name)):
             found.append(int(entry.name))
     return found
 

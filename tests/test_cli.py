@@ -262,13 +262,16 @@ def test_resume_continues_a_failed_job_with_its_id_its_next_attempt_and_a_fresh_
     tmp_path: Path, cli: Callable[..., CliResult], reap_pids: list[int]
 ) -> None:
     path = tmp_path / "c.toml"
-    args = ["--mode", "ok", "--task-0", "fail-first:3"]  # the chief fails on attempt 0
-    path.write_text(fake_job(tmp_path, args, extra="[restart]\nmax_restarts = 0\n"))
+    # The chief fails on attempts 0, 1 and 2; one restart is allowed. Attempts 0 and 1 spend the
+    # budget; the resume's attempt 2 fails too, and only a fresh budget restarts it (attempt 3).
+    args = ["--mode", "ok", "--task-0", "fail-before:3:3"]
+    path.write_text(fake_job(tmp_path, args, extra="[restart]\nmax_restarts = 1\nbackoff = 0.1\n"))
     first = cli("launch", str(path), timeout=60)
     assert first.code == 1, first
     [failed] = status_json(cli)["jobs"]
     reap_pids.extend(_job_pids(failed, tmp_path / "shared"))
-    assert failed["state"] == "failed" and "max_restarts (0)" not in failed["last_cause"]
+    assert failed["state"] == "failed" and "max_restarts (1)" in failed["last_cause"], failed
+    assert failed["attempt"] == 1 and failed["restarts"] == 1
 
     resumed = cli("resume", failed["id"], timeout=60)
 
@@ -276,10 +279,11 @@ def test_resume_continues_a_failed_job_with_its_id_its_next_attempt_and_a_fresh_
     [job] = status_json(cli)["jobs"]  # the same job, not a new one
     reap_pids.extend(_job_pids(job, tmp_path / "shared"))
     assert job["id"] == failed["id"] and job["state"] == "succeeded"
-    assert job["attempt"] == 1 and {t["attempt"] for t in job["tasks"]} == {1}
+    assert job["attempt"] == 3 and {t["attempt"] for t in job["tasks"]} == {3}
     assert job["ended"] is not None and job["ended"] > failed["ended"]
     kinds = [e["kind"] for e in status_json(cli, job["id"])["jobs"][0]["events"]]
     assert kinds.index("resumed") > kinds.index("failed") and kinds[-1] == "succeeded"
+    assert kinds[kinds.index("resumed") :].count("restart") == 1  # the fresh budget, spent
 
     again = cli("resume", job["id"])
     assert again.code == 2 and again.err.strip() == (

@@ -494,6 +494,7 @@ def test_each_tasks_gpus_are_sampled_and_shown_by_status(
         text = cli("status", job_id).out
         header = next(line for line in text.splitlines() if line.startswith("TASK"))
         assert " GPU " in header
-        assert all("87% 2M" in line for line in text.splitlines() if line.startswith("worker-"))
+        rows = [line for line in text.splitlines() if line.startswith("worker-")]
+        assert len(rows) == 2 and all("87% 2M" in line for line in rows), text
     finally:
         assert cli("stop", job_id, timeout=60).code == 0

@@ -17,6 +17,7 @@ import sys
 import textwrap
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -292,14 +293,12 @@ def test_a_supervisor_that_dies_during_a_detached_launch_is_reported_at_once(
     )
     config = tmp_path / "cluster.toml"
     config.write_text(fake_job(tmp_path, ["--mode", "sleep"]))
-    start = time.monotonic()
+    # (Before, the launch waited 600 s here; the cli fixture's own timeout fails such a wait.)
     result = cli("launch", "--detach", str(config), env={"PYTHONPATH": f"{hook}:{REPO}"})
-    took = time.monotonic() - start
 
     assert result.code == 1, result
     assert "the supervisor exited during launch: the supervisor is killed by the test" in result.err
     assert len(result.err.strip().splitlines()) == 1 and "Traceback" not in result.err
-    assert took < 60  # not the 600 s wait of old
     job = cli("status", "--json")
     assert '"state": "failed"' in job.out
 
@@ -373,7 +372,10 @@ def test_a_full_shared_dir_keeps_the_trainer_and_becomes_a_named_cause(
                 fh.flush()
         except OSError:
             pass
-    time.sleep(3)  # several heartbeats that cannot be written
+    # Several heartbeats (one a second) that cannot be written, as the coordinator sees them.
+    wait_for(
+        lambda: all((t["heartbeat_age"] or 0) > 3.0 for t in job_view(cli, job_id)["tasks"]), 30
+    )
     assert all(is_alive(p) for p in trainers + agents)  # the agent kept its trainer
 
     end = wait_for_end(cli, job_id, timeout=60)
@@ -406,6 +408,10 @@ def test_bad_command_line_input_is_one_line_and_exit_2(
         ]
         if os.path.ismount(read_only):
             cases.append((("collect", job_id, "--dest", str(read_only / "x")), "writ"))
+        elif os.environ.get("CI") == "true":
+            pytest.fail("cannot mount a read-only tmpfs (needs root): the case is not tried")
+        else:
+            warnings.warn("read-only --dest not tried: mounting a tmpfs needs root", stacklevel=1)
         for args, expected in cases:
             result = cli(*args)
             assert result.code == 2, (args, result)
@@ -416,17 +422,19 @@ def test_bad_command_line_input_is_one_line_and_exit_2(
 
 
 def test_two_processes_creating_one_store_at_once_both_succeed(tmp_path: Path) -> None:
-    """Each round, both processes open a new store at the same instant (a shared clock)."""
+    """Each round, both processes open a new store at the same instant (a shared clock), given
+    once both have imported what they need and said so."""
     rounds = 40
-    start = time.time() + 3  # both are up by then
     code = textwrap.dedent(
         f"""
         import sys, time
         from pathlib import Path
         from orchestrator.store import Store
+        print("ready", flush=True)
+        start = float(sys.stdin.readline())
         failures = 0
         for i in range({rounds}):
-            time.sleep(max(0.0, {start} + i * 0.05 - time.time()))
+            time.sleep(max(0.0, start + i * 0.05 - time.time()))
             try:
                 Store(Path(sys.argv[1]) / f"{{i}}.db").close()
             except Exception as exc:
@@ -437,9 +445,17 @@ def test_two_processes_creating_one_store_at_once_both_succeed(tmp_path: Path) -
     )
     procs = [
         subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], cwd=REPO,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
         for _ in range(2)
     ]  # fmt: skip
+    for proc in procs:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    start = time.time() + 0.2
+    for proc in procs:
+        assert proc.stdin is not None
+        proc.stdin.write(f"{start}\n")
+        proc.stdin.flush()
     outputs = [p.communicate(timeout=120) for p in procs]
     assert [out.strip() for out, _ in outputs] == ["0", "0"], outputs
     for i in range(rounds):

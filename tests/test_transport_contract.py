@@ -48,8 +48,8 @@ def check_stdin_exit_code_and_stderr(t: Transport, python: str) -> None:
 def check_timeout_raises(t: Transport, python: str) -> None:
     start = time.monotonic()
     with pytest.raises(TransportError, match="timed out"):
-        t.run([python, "-c", "import time; time.sleep(30)"], timeout=1.0)
-    assert time.monotonic() - start < 10
+        t.run([python, "-c", "import time; time.sleep(60)"], timeout=1.0)
+    assert time.monotonic() - start < 60  # order: raised before the command's own end
 
 
 def check_files(t: Transport, remote_dir: str, local_dir: Path) -> None:
@@ -104,30 +104,32 @@ def check_watch_holds_a_quiet_host_and_answers_a_death_at_once(
         quiet = t.observe([proc], [(log, 0)], timeout=10, watching=known)
         held = time.monotonic() - started
         beat.join()
-        assert 1.4 <= held < 3.0, held
+        # Held until the keep-alive (not answered at the heartbeat), and answered then, not at
+        # the call's timeout.
+        assert known.wait * 0.9 <= held < 10, held  # order: after the keep-alive, before timeout
         assert not quiet.urgent and quiet.keys == first.keys
         assert quiet.files == (b"a line\n",) and b'"seq": 2' in (quiet.statuses[0] or b"")
 
-        # A death on the quiet host: answered at once, not at the 5 s keep-alive.
-        known = dataclasses.replace(known, wait=5.0)
+        # A death on the quiet host: answered at once, before the 8 s keep-alive ends.
+        known = dataclasses.replace(known, wait=8.0)
         killer = threading.Timer(0.5, lambda: t.stop_process_group(proc, 0.5))
         started = time.monotonic()
         killer.start()
-        dead = t.observe([proc], [(log, 8)], timeout=10, watching=known)
+        dead = t.observe([proc], [(log, 8)], timeout=20, watching=known)
         killer.join()
         assert dead.urgent and dead.alive == set()
-        assert time.monotonic() - started < 2.5
+        assert time.monotonic() - started < known.wait * 0.9  # order: before the keep-alive
 
         # A new state (here an exit code), with the agent still there: at once as well.
         t.put_file(status, _status("running", seq=3, step=9))
-        known = Watching(frozenset(), ((status, first.keys[0]),), 5.0, 0.05)
+        known = Watching(frozenset(), ((status, first.keys[0]),), 8.0, 0.05)
         writer = threading.Timer(0.5, lambda: t.put_file(status, _status("failed", seq=4, step=9)))
         started = time.monotonic()
         writer.start()
-        failed = t.observe([proc], [(log, 8)], timeout=10, watching=known)
+        failed = t.observe([proc], [(log, 8)], timeout=20, watching=known)
         writer.join()
         assert failed.urgent and failed.keys != first.keys
-        assert time.monotonic() - started < 2.5
+        assert time.monotonic() - started < known.wait * 0.9  # order: before the keep-alive
     finally:
         t.stop_process_group(proc, 0.5)
 
@@ -157,11 +159,10 @@ def check_detached_start_and_group_stop(t: Transport, python: str, remote_dir: s
         "time.sleep(300)']); time.sleep(300)"
     )
     log = f"{remote_dir}/detached.log"
-    start = time.monotonic()
     proc = t.start_detached([python, "-c", code], log_path=log)
     pid = proc.pid
     assert proc.ident  # its identity came back with it
-    assert time.monotonic() - start < 5  # returns at once, not when the command ends
+    assert t.alive_pids([proc]) == {pid}  # returned while the command runs, not at its end
     deadline = time.monotonic() + 20
     while b"child up" not in (t.read_file(log) or b"") and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -225,7 +226,9 @@ def test_zombies_are_not_alive() -> None:
     import subprocess
 
     child = subprocess.Popen([PY, "-c", "pass"])
-    time.sleep(0.5)  # exited but not yet reaped: a zombie
+    # Exited but not yet reaped: a zombie (waitid with WNOWAIT waits for the exit, reaps nothing).
+    os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)
+    assert Path(f"/proc/{child.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
     assert proctl.alive([child.pid]) == set()
     child.wait()
 
