@@ -23,10 +23,12 @@ from bench_rows import Row
 
 # --- P1 and P7 (supervisor): SSH test bed ---------------------------------------------------
 
+P1_CPU_PER_HOST_MS = 10.0  # P1's second condition: the coordinator's CPU per host
+
 
 def ssh_rows(root: Path, hosts: list[int], repeat: int, p1: Row, p7s: Row) -> None:
     import testbed as tb
-    from bench_launch import bench_config, measure, orchestrate_round, raw_round
+    from bench_launch import bench_config, orchestrate_round, raw_round
 
     reason = tb.missing_requirements()
     if reason:
@@ -37,8 +39,14 @@ def ssh_rows(root: Path, hosts: list[int], repeat: int, p1: Row, p7s: Row) -> No
         per_host = {}
         for n in hosts:
             cfg = bench_config(bed, n, root)
-            ours = measure(repeat, lambda k, cfg=cfg, n=n: orchestrate_round(cfg, f"b{n}-{k}"))
-            raw = measure(repeat, lambda k, n=n: raw_round(bed, n, root))
+            # Interleaved: a raw round, then ours, so drift hits both alike (after one warm-up
+            # each: imports, the first connections' key loading).
+            orchestrate_round(cfg, f"b{n}-warm")
+            raw_round(bed, n, root)
+            raw, ours = [], []
+            for k in range(repeat):
+                raw.append(raw_round(bed, n, root))
+                ours.append(orchestrate_round(cfg, f"b{n}-{k}"))
             per_host[n] = {
                 "launch": [r["launch"] for r in ours],
                 "preflight": [r["preflight"] for r in ours],
@@ -60,8 +68,8 @@ def ssh_rows(root: Path, hosts: list[int], repeat: int, p1: Row, p7s: Row) -> No
             f"{statistics.median(v['raw_cpu_per_host_ms']):.1f})"
             for n, v in per_host.items()
         )
-        p1.target = f"{top} hosts <= 1.3x raw; CPU <= 10 ms/host (here {cpu:.1f})"
-        p1.also_met = cpu <= 10.0
+        p1.note += f"; coordinator CPU at {top} hosts: {cpu:.1f} ms/host (target <= 10)"
+        p1.also_met = cpu <= P1_CPU_PER_HOST_MS
 
         # The supervisor of a whole job on every host: its peak RSS while it runs.
         config = bench_config(bed, top, root)

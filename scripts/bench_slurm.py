@@ -31,7 +31,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 
 import slurmbed  # noqa: E402
 from bench_measure import wait  # noqa: E402
-from bench_rows import Row  # noqa: E402
+from bench_rows import Row, run_meta, write_results  # noqa: E402
 
 PY = sys.executable
 PLAIN = REPO / "scripts" / "bench_plain_trainer.py"
@@ -214,20 +214,19 @@ def rows() -> tuple[Row, Row]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=REPO / "docs" / "bench")
     args = parser.parse_args()
     # SIGTERM unwinds like Ctrl-C: the test bed and every job are torn down on the way out.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    started = time.time()
     p12, p13 = rows()
     with tempfile.TemporaryDirectory(prefix="orch-bench-slurm-") as tmp:
         slurm_rows(Path(tmp), args.repeat, p12, p13)
-    for row in (p12, p13):
-        if row.skipped:
-            print(f"{row.id} skipped: {row.skipped}")
-            continue
-        print(
-            f"{row.id} {row.measurement}: {row.value:.2f} s against {row.base:.2f} s "
-            f"({row.baseline_label}), ratio {row.ratio:.2f}x; {row.note}"
-        )
+    if p12.skipped:
+        print(f"error: {p12.skipped}", file=sys.stderr)
+        return 1
+    meta = run_meta(f"scripts/bench_slurm.py --repeat {args.repeat}", started, quick=False)
+    print(write_results(args.out, [p12, p13], meta, REPO / "README.md"))
     return 0
 
 

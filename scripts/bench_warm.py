@@ -1,14 +1,16 @@
 #!/usr/bin/env python3
-"""Warm restarts (issue 15), measured in one run on 2 local workers (the digits MLP):
+"""Restarts on 2 local workers (the digits MLP), each round beside a cold start by hand:
 
-P2   `launch` to the first training step (a cold start), orchestrated;
-P5c  trainer SIGKILLed -> training resumed, warm_restart = false (a new interpreter and a
+P5   trainer SIGKILLed -> training resumed, warm_restart = false (a new interpreter and a
      TensorFlow import per task);
-P5w  the same with the warm standby (waited for before the kill), and where its time goes:
-     the failure seen, the broken group stopped, the next attempt's agents started (preflight
-     included), then the trainer's own start (activation, the script's imports, the
-     rendezvous, the restore, the first step);
-RSS  the standby's resident size when it is ready, beside a trainer's.
+P14  the same with the warm standby (waited for before the kill); a round that restarted cold
+     is a failed round;
+P14b the standby's resident size when it is ready, beside a trainer's in the same round;
+and where a restart's time goes: the failure seen, the broken group stopped, the next attempt's
+agents started (preflight included), then the trainer's own start (activation, the script's
+imports, the rendezvous, the restore, the first step).
+
+Writes its rows into docs/bench/results.json (and the tables made from it).
 
   uv run python scripts/bench_warm.py [--rounds 3]
 """
@@ -19,57 +21,97 @@ import argparse
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "scripts"))
 
-from bench_measure import kill_and_resume, orchestrate_run
+from bench_measure import kill_and_resume, raw_cold_start  # noqa: E402
+from bench_rows import Row, run_meta, write_results  # noqa: E402
+
+
+def rows() -> tuple[Row, Row, Row]:
+    p5 = Row(
+        "P5",
+        "trainer SIGKILL -> training resumed",
+        "s",
+        kind="ratio",
+        target_ratio=1.5,
+        baseline_label="a cold start: workers started by hand, to their first step",
+        target="<= 1.5x a cold start",
+    )
+    p14 = Row(
+        "P14",
+        "trainer SIGKILL -> training resumed, warm standby",
+        "s",
+        kind="ratio",
+        target_ratio=0.5,
+        baseline_label="a cold start: workers started by hand, to their first step",
+        target="<= 0.5x a cold start",
+    )
+    p14b = Row(
+        "P14b",
+        "RSS of a warm standby, ready",
+        "MB",
+        kind="ratio",
+        target_ratio=1.0,
+        baseline_label="a trainer's RSS, same round",
+        target="<= 1.0x a trainer's",
+    )
+    return p5, p14, p14b
+
+
+def restart_rows(
+    root: Path, home: Path, rounds: int, p5: Row, p14: Row, p14b: Row
+) -> list[dict[str, float]]:
+    """Rounds of (cold start by hand, cold restart, cold start by hand, warm restart), so each
+    restart has a baseline measured just before it. Returns the cold restarts' figures."""
+    cold_runs, warm_runs = [], []
+    for n in range(rounds):
+        print(f"restarts: round {n + 1}/{rounds} ...", flush=True)
+        p5.baseline.append(raw_cold_start(root))
+        cold = kill_and_resume(root, home, warm=False)
+        p5.values.append(cold["resumed"])
+        cold_runs.append(cold)
+        baseline = raw_cold_start(root)
+        warm = kill_and_resume(root, home, warm=True)
+        p14b.values.append(warm["standby_rss"])
+        p14b.baseline.append(warm["trainer_rss"])
+        if not warm["warm_used"]:
+            p14.failed_rounds += 1  # it restarted cold: not a warm restart's figure
+            continue
+        p14.baseline.append(baseline)
+        p14.values.append(warm["resumed"])
+        warm_runs.append(warm)
+    parts = []
+    for name, runs in (("cold", cold_runs), ("warm", warm_runs)):
+        if runs:
+            parts.append(
+                f"a {name} restart's time (medians): "
+                + ", ".join(
+                    f"{key} {statistics.median(r[key] for r in runs):.2f} s"
+                    for key in ("seen", "stopped", "started", "trainer")
+                )
+            )
+    p14.note = "; ".join(parts)
+    return cold_runs
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=REPO / "docs" / "bench")
     args = parser.parse_args()
+    started = time.time()
+    p5, p14, p14b = rows()
     with tempfile.TemporaryDirectory(prefix="orch-bench-warm-") as tmp:
         root = Path(tmp)
         (root / "shared").mkdir()
-        home = root / "home"
-        p2, cold, warm = [], [], []
-        for n in range(args.rounds):  # alternating, so drift hits every variant alike
-            print(f"round {n + 1}/{args.rounds} ...", flush=True)
-            p2.append(orchestrate_run(root, home, 5)["first_step"])
-            cold.append(kill_and_resume(root, home, warm=False))
-            warm.append(kill_and_resume(root, home, warm=True))
-    med = statistics.median
-
-    def listed(values: list[float]) -> str:
-        return ", ".join(f"{v:.2f}" for v in values)
-
-    p2m = med(p2)
-    cold_runs = [r["resumed"] for r in cold]
-    warm_runs = [r["resumed"] for r in warm]
-    cold_m, warm_m = med(cold_runs), med(warm_runs)
-    met = "yes" if warm_m <= 0.5 * p2m else "**no**"
-    standby_rss = med(r["standby_rss"] for r in warm)
-    trainer_rss = med(r["trainer_rss"] for r in warm)
-    print()
-    print("| row | what | median (all rounds) | vs P2 cold start | target |")
-    print("|---|---|---|---|---|")
-    print(f"| P2 | launch -> first step (cold) | {p2m:.2f} s ({listed(p2)}) | 1.00x | |")
-    print(f"| P5c | SIGKILL -> resumed, warm_restart = false | {cold_m:.2f} s "
-          f"({listed(cold_runs)}) | {cold_m / p2m:.2f}x | |")  # fmt: skip
-    print(f"| P5w | SIGKILL -> resumed, warm standby | {warm_m:.2f} s ({listed(warm_runs)}) "
-          f"| {warm_m / p2m:.2f}x | <= 0.5x: {met} |")  # fmt: skip
-    print(f"| RSS | standby when ready / a trainer | {standby_rss:.0f} MB / "
-          f"{trainer_rss:.0f} MB | | |")  # fmt: skip
-    print()
-    for name, runs in (("cold", cold), ("warm", warm)):
-        parts = ", ".join(
-            f"{key} {med(r[key] for r in runs):.2f} s"
-            for key in ("seen", "stopped", "started", "trainer")
-        )
-        print(f"where a {name} restart's time goes (medians): {parts}")
-    print(f"warm start used in {sum(r['warm_used'] for r in warm):.0f} of {len(warm)} warm runs")
+        restart_rows(root, root / "home", args.rounds, p5, p14, p14b)
+    meta = run_meta(f"scripts/bench_warm.py --rounds {args.rounds}", started, quick=False)
+    print(write_results(args.out, [p5, p14, p14b], meta, REPO / "README.md"))
     return 0
 
 
