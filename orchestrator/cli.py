@@ -33,6 +33,7 @@ from orchestrator.paths import (
 )
 from orchestrator.states import JobState, TaskState
 from orchestrator.store import JobRecord, Store
+from orchestrator.terminal_text import safe
 from orchestrator.views import render_report, status_text
 
 if TYPE_CHECKING:
@@ -366,9 +367,13 @@ def logs(
             for line in select(readers[t.idx].read(final=last), after, pattern):
                 batch.append((line.ts or 0.0, t.idx, prefix, line))
         batch.sort(key=lambda item: (item[0], item[1]))  # by arrival; each task's order kept
+        shown = safe if sys.stdout.isatty() else str  # a terminal: escape what drives it
         sys.stdout.write(
             "".join(
-                (format_stamp(line.ts) + " " if timestamps else "") + prefix + line.text + "\n"
+                (format_stamp(line.ts) + " " if timestamps else "")
+                + prefix
+                + shown(line.text)
+                + "\n"
                 for _, _, prefix, line in batch
             )
         )

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, TextIO
 from orchestrator.logstream import LineSink
 from orchestrator.states import TaskState
 from orchestrator.store import JobRecord, Store, TaskRecord
+from orchestrator.terminal_text import safe
 from orchestrator.views import RESOURCE_HEADERS, resource_cells, straggler_cell
 from worker.spec import Phase
 
@@ -222,7 +223,7 @@ class LiveConsole(LineSink):
     def show(self, index: int, host: str, lines: list[bytes]) -> None:
         now = time.time()
         for line in lines:
-            self.folder.add(index, host, line.decode(errors="replace"), now)
+            self.folder.add(index, host, safe(line.decode(errors="replace")), now)
         self._release(now)
 
     def _release(self, now: float, everything: bool = False) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import threading
+import time
 from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 
@@ -102,7 +103,12 @@ class GroupControl:
         plan = plan_launch(config, reports, hosts)
         self._report_gpus(reports, plan)
         specs = make_specs(
-            config, plan, job_id, attempt, self.backend, self.store.get_job(job_id).created
+            config,
+            plan,
+            job_id,
+            attempt,
+            self.backend,
+            time.time() - self.store.get_job(job_id).created,
         )
         self.store.replace_tasks(job_id, _task_records(job_id, plan, attempt))
         self._starting = []
@@ -159,7 +165,12 @@ class GroupControl:
             raise PreflightError(f"preflight failed in the Slurm step: {problems}")
         plan = step_plan(config.job.name, [StepTask(h.node, h.address, h.port) for h in hellos])
         specs = make_specs(
-            config, plan, job_id, attempt, self.backend, self.store.get_job(job_id).created
+            config,
+            plan,
+            job_id,
+            attempt,
+            self.backend,
+            time.time() - self.store.get_job(job_id).created,
         )
         self.store.replace_tasks(job_id, _task_records(job_id, plan, attempt))
         agents = [AgentRef(h.procid, plan.tasks[h.procid].host_index, h.pid) for h in hellos]
@@ -287,15 +298,17 @@ class GroupControl:
     def leftovers(self) -> list[AgentRef]:
         return list(self._leftovers)
 
-    def stop_everything(self) -> None:
+    def stop_everything(self) -> bool:
         """After an error: stop whatever was started (the live group, or the agents of a launch
-        that failed half way), quickly, never raising."""
-        if self.live is not None:
-            with contextlib.suppress(Exception):
-                self.stop(self.live, BROKEN_GROUP_GRACE)
-        elif self._starting:
-            with contextlib.suppress(Exception):
+        that failed half way), quickly, never raising. True: the stop was confirmed."""
+        try:
+            if self.live is not None:
+                return not self.stop(self.live, BROKEN_GROUP_GRACE)
+            if self._starting:
                 stop_agents(self.backend, self._starting, BROKEN_GROUP_GRACE)
+        except Exception:
+            return False
+        return True
 
     def name_shared_dir_trouble(self, group: Group, decision: Decision) -> Decision:
         """A failed or silent task whose host's shared directory is full or unwritable: say so

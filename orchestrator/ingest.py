@@ -43,7 +43,7 @@ class Watch:
     seen: dict[int, TaskObservation] = field(default_factory=dict)
     raw_status: dict[int, bytes | None] = field(default_factory=dict)
     status: dict[int, TaskStatus | None] = field(default_factory=dict)  # parsed, this attempt's
-    resources_kept: dict[int, float] = field(default_factory=dict)  # task -> last kept sample's
+    resources_kept: dict[int, float] = field(default_factory=dict)  # task -> when kept (monotonic)
 
 
 def agents_by_host(agents: list[AgentRef]) -> dict[int, list[AgentRef]]:
@@ -215,10 +215,13 @@ class Ingest:
                 resources=status.resources,
                 seq=status.seq,
             )
-            kept = watch.resources_kept.get(i, 0.0)
-            if status.resources and status.resources.at - kept >= RESOURCE_SAMPLE_EVERY:
-                watch.resources_kept[i] = status.resources.at
-                round_.resources.append(ResourceSample.of(i, group.attempt, status.resources))
+            # Kept every RESOURCE_SAMPLE_EVERY seconds of our clock, and stamped with it: the
+            # host's own `at` may be minutes off ours, or jump.
+            kept = watch.resources_kept.get(i)
+            if status.resources and (kept is None or now_mono - kept >= RESOURCE_SAMPLE_EVERY):
+                watch.resources_kept[i] = now_mono
+                sample = ResourceSample.of(i, group.attempt, status.resources)
+                round_.resources.append(dataclasses.replace(sample, ts=now))
         if row != watch.last.get(i):
             if progress is not None and progress.step != watch.last.get(i, {}).get("step"):
                 round_.samples.append(

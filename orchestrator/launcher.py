@@ -278,7 +278,7 @@ def make_specs(
     job_id: str,
     attempt: int,
     backend: Backend,
-    launched_at: float = 0.0,
+    since_launch: float = 0.0,
 ) -> list[WorkerSpec]:
     sup = config.supervision
     return [
@@ -307,7 +307,7 @@ def make_specs(
             # The keeper waits out the longest restart gap: the backoff, then the preflight.
             standby_linger=config.restart.backoff_max + 60.0,
             sample_resources=sup.sample_resources,
-            launched_at=launched_at,
+            since_launch=max(0.0, since_launch),
         )
         for task in plan.tasks
     ]

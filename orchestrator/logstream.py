@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import BinaryIO, TextIO
 
+from orchestrator.terminal_text import safe
 from orchestrator.transport.base import Transport
 
 # TensorFlow's C++/absl notices: kept in the task log, hidden on the console unless --verbose.
@@ -27,14 +28,32 @@ def is_noise(line: bytes) -> bool:
     return bool(_NOISE.match(line))
 
 
+MAX_LINE = 64 << 10  # bytes of one line held or shown; the copy keeps all of it
+CUT_MARK = b" [... line cut at 64 KiB]"
+
+
+class Cut(bytes):
+    """A piece of a line longer than MAX_LINE, without its newline (more of it follows).
+    `first`: the line's first piece (the one shown, marked as cut)."""
+
+    first: bool
+
+
+class CutTail(bytes):
+    """The last piece of a cut line, up to its newline: kept in the copy, not shown."""
+
+
 class LogTailer:
-    """Follows one file on one host by offset; a partial last line waits for its newline."""
+    """Follows one file on one host by offset; a partial last line waits for its newline, up
+    to MAX_LINE bytes: a longer one is passed on in pieces, so memory stays bounded whatever a
+    trainer prints."""
 
     def __init__(self, transport: Transport, path: str, offset: int = 0) -> None:
         self.transport = transport
         self.path = path
         self.offset = offset
         self._partial = b""
+        self._cutting = False  # inside a line whose first piece went out as a Cut
 
     def poll(self) -> list[bytes]:
         return self.feed(self.transport.read_file(self.path, self.offset))
@@ -45,16 +64,35 @@ class LogTailer:
             return []
         self.offset += len(data)
         chunk = self._partial + data
-        *lines, self._partial = chunk.split(b"\n")
+        *whole, self._partial = chunk.split(b"\n")
+        lines: list[bytes] = []
+        for line in whole:
+            lines.append(CutTail(line) if self._cutting else line)
+            self._cutting = False
+        if len(self._partial) > MAX_LINE:
+            piece = Cut(self._partial)
+            piece.first = not self._cutting
+            lines.append(piece)
+            self._partial, self._cutting = b"", True
         return lines
 
     def flush(self) -> list[bytes]:
         """At the end: whatever is left, even without a final newline."""
         lines = self.poll()
         if self._partial:
-            lines.append(self._partial)
-            self._partial = b""
+            lines.append(CutTail(self._partial) if self._cutting else self._partial)
+            self._partial, self._cutting = b"", False
         return lines
+
+
+def shown(lines: list[bytes]) -> list[bytes]:
+    """The lines as a person sees them: a cut line once, its first MAX_LINE bytes, marked."""
+    out = []
+    for line in lines:
+        if isinstance(line, CutTail) or (isinstance(line, Cut) and not line.first):
+            continue
+        out.append(line[:MAX_LINE] + CUT_MARK if len(line) > MAX_LINE else line)
+    return out
 
 
 class LineSink:
@@ -67,7 +105,8 @@ class LineSink:
         self.verbose = verbose
         self._lock = threading.Lock()
         self._files: dict[int, tuple[BinaryIO, BinaryIO]] = {}
-        self._color = bool(console is not None and console.isatty())
+        self._tty = bool(console is not None and console.isatty())
+        self._color = self._tty
         copy_dir.mkdir(parents=True, exist_ok=True)
 
     def task_lines(self, index: int, host: str, lines: list[bytes]) -> None:
@@ -82,12 +121,12 @@ class LineSink:
                 )
                 self._files[index] = files
             log, times = files
-            log.write(b"".join(line + b"\n" for line in lines))
+            log.write(b"".join(line if isinstance(line, Cut) else line + b"\n" for line in lines))
             log.flush()
             # When the batch arrived and where it ends: `logs --timestamps/--since` read it.
             times.write(f"{time.time():.3f} {log.tell()}\n".encode())
             times.flush()
-            self.show(index, host, [ln for ln in lines if self.verbose or not is_noise(ln)])
+            self.show(index, host, [ln for ln in shown(lines) if self.verbose or not is_noise(ln)])
 
     def show(self, index: int, host: str, lines: list[bytes]) -> None:
         """Print a task's lines on the console (called with the lock held)."""
@@ -97,7 +136,10 @@ class LineSink:
         if self._color:
             prefix = f"\x1b[{31 + index % 6}m{prefix}\x1b[0m"
         # One write per batch: lines from different tasks never mix mid-line.
-        self.console.write("".join(prefix + ln.decode(errors="replace") + "\n" for ln in lines))
+        texts = [ln.decode(errors="replace") for ln in lines]
+        if self._tty:  # a terminal: nothing a trainer prints may drive it
+            texts = [safe(text) for text in texts]
+        self.console.write("".join(prefix + text + "\n" for text in texts))
         self.console.flush()
 
     def info(self, message: str) -> None:

@@ -10,6 +10,7 @@ round of reads in tick.py, and starting and stopping a group in group_control.py
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -37,7 +38,7 @@ from orchestrator.monitor import decide
 from orchestrator.observations import Decision, FailureKind, Verdict, failure
 from orchestrator.paths import collected_dir, report_png
 from orchestrator.restart_policy import plan_restart
-from orchestrator.states import JobState
+from orchestrator.states import JobState, TaskState
 from orchestrator.store import JobRecord, Store
 from orchestrator.stragglers import StragglerWatch
 from orchestrator.tick import Group, Tick, Watch
@@ -144,8 +145,15 @@ class Supervisor:
         return group, self._watch(group)
 
     def _fail_on_error(self, cause: str) -> None:
-        """An error ends the job FAILED with its cause, after stopping whatever it started."""
-        self.group.stop_everything()
+        """An error ends the job FAILED with its cause, after stopping whatever it started.
+        No task row is left saying it runs: what the stop confirmed is `stopped`, the rest
+        `lost` (its end is not known); `unreachable` rows stay (a later stop retries them)."""
+        confirmed = self.group.stop_everything()
+        with contextlib.suppress(Exception):  # the store may be what failed
+            tasks = self.store.tasks(self.job.id)
+            open_rows = [t for t in tasks if t.state.is_running() or t.state == TaskState.PENDING]
+            state = TaskState.STOPPED if confirmed else TaskState.LOST
+            self.store.update_tasks(self.job.id, {t.idx: {"state": state} for t in open_rows})
         if not self.job_state.state.is_terminal():
             self._finish(JobState.FAILED, cause)
 

@@ -141,8 +141,10 @@ def job_view(cli: Callable[..., CliResult], job_id: str) -> dict:
     return status_json(cli, job_id)["jobs"][0]
 
 
-def launch_detached(cli: Callable[..., CliResult], path: Path, reap: list[int]) -> str:
-    result = cli("launch", "--detach", str(path))
+def launch_detached(
+    cli: Callable[..., CliResult], path: Path, reap: list[int], env: dict[str, str] | None = None
+) -> str:
+    result = cli("launch", "--detach", str(path), env=env)
     assert result.code == 0, result
     job = status_json(cli)["jobs"][0]
     reap.append(job["supervisor"]["pid"])

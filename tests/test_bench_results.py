@@ -14,7 +14,7 @@ from tests.conftest import REPO
 
 sys.path.insert(0, str(REPO / "scripts"))
 
-import bench_rows  # noqa: E402
+import bench_rows
 
 RESULTS = REPO / "docs" / "bench" / "results.json"
 

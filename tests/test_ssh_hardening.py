@@ -405,6 +405,36 @@ def test_a_helper_that_says_ready_serves_with_no_timeout_on_its_reader(
     assert not outcome[0].closed
 
 
+@pytest.mark.parametrize("garbage", [b"[1]\n", b"not json\n", b'{"id": "x"}\n', b"5\n"])
+def test_a_malformed_helper_reply_fails_the_waiting_call_at_once_naming_the_host(
+    channel: paramiko.Channel, garbage: bytes
+) -> None:
+    """Regression: a reply that is not a JSON object killed the reader thread and left the call
+    waiting for its whole timeout."""
+    channel.in_buffer.feed(b'{"ready": true, "protocol": 1}\n')
+    outcome, _ = _construct_in_thread(channel, 0.5)
+    assert outcome and isinstance(outcome[0], HelperClient), outcome
+    helper = outcome[0]
+    channel.sendall = lambda data: None  # type: ignore[method-assign]  # the host: this test
+    failed: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            helper.call("watch", {}, 60)
+        except BaseException as exc:
+            failed.append(exc)
+
+    caller = threading.Thread(target=call, daemon=True)
+    caller.start()
+    channel.in_buffer.feed(garbage)
+    caller.join(30)  # order: the call's own timeout is 60 s
+    assert not caller.is_alive(), "the call waited on after a malformed reply"
+    assert isinstance(failed[0], TransportError) and not isinstance(failed[0], HelperTimeout)
+    assert str(failed[0]).startswith("h7: the worker helper sent a malformed reply"), failed
+    with pytest.raises(TransportError, match=r"^h7: the worker helper sent a malformed reply"):
+        helper.call("watch", {}, 60)  # and every later call, at once
+
+
 class _SilentChannel:
     """A channel whose host never answers the exec request: paramiko waits for that reply with
     no timeout; closing the channel ends the wait, as paramiko's does."""

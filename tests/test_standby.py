@@ -7,15 +7,20 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
-from tests.conftest import wait_for
+import pytest
+
+from tests.conftest import IN_CI, wait_for
 from worker.proctl import is_alive
-from worker.standby import socket_name
-from worker.warm import STANDBY, KeeperLink, fingerprint, standby_env
+from worker.spec import ENV_JOB_ID
+from worker.warm import STANDBY, KeeperLink, fingerprint, standby_env, verify_trainer
 
 SCRIPT = """
 import json, os, sys
@@ -50,7 +55,7 @@ def test_the_keeper_replaces_a_stale_standby_and_runs_a_fresh_script_in_a_matchi
 
     link = None
     try:
-        link = wait_for(lambda: KeeperLink.connect(socket_name(job, 0), on_standby), 10)
+        link = wait_for(lambda: KeeperLink.connect(job, 0, on_standby)[0], 10)
         assert isinstance(link, KeeperLink)
         base = {"PATH": os.environ["PATH"], "TF_CPP_MIN_LOG_LEVEL": "3", "OLD": "1"}
         old_print = fingerprint(base, sys.executable, {"OLD": "1"})
@@ -93,3 +98,146 @@ def test_the_keeper_replaces_a_stale_standby_and_runs_a_fresh_script_in_a_matchi
                 keeper.wait()
     assert keeper.returncode == 0
     assert not any(is_alive(p) for p in ready)
+
+
+# --- another user on the host: the keeper's socket cannot be taken, nor anything sent to it ----
+
+SQUATTER = """
+import os, socket, sys, time
+# Bind every name it can see: the keeper's old abstract name, and a socket file in the private
+# directory's place (possible only where it made that directory itself).
+names = ["\\0orchestrate-standby-0-" + sys.argv[1] + "-0"]
+bound, got = [], []
+for name in names + sys.argv[2:]:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.bind(name)
+        s.listen(4)
+        bound.append(s)
+    except OSError as exc:
+        print("refused", name.replace("\\0", "@"), exc.errno, flush=True)
+print("bound", len(bound), flush=True)
+deadline = time.time() + float(os.environ.get("SQUAT_FOR", "20"))
+for s in bound:
+    s.settimeout(0.1)
+while time.time() < deadline:
+    for s in bound:
+        try:
+            conn, _ = s.accept()
+        except OSError:
+            continue
+        conn.settimeout(1.0)
+        try:
+            data = conn.recv(65536)
+        except OSError:
+            data = b""
+        print("received", len(data), data[:200], flush=True)
+        conn.sendall(b'{"ok": true, "pid": 1}\\n')
+"""
+
+
+def _as_nobody(argv: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *argv],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+    )  # fmt: skip
+
+
+@pytest.fixture
+def shared_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A /tmp of the test's own (mode 1777 like /tmp), for this process and its children."""
+    if os.getuid() != 0 or shutil.which("setpriv") is None:
+        if IN_CI:
+            pytest.fail("needs root and setpriv to act as a second user")
+        pytest.skip("needs root and setpriv to act as a second user")
+    path = Path(tempfile.mkdtemp(prefix="orch-shared-tmp-", dir="/tmp"))
+    path.chmod(0o1777)
+    monkeypatch.setattr(tempfile, "tempdir", str(path))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _keeper(job: str, tmp: Path, log: Path) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, STANDBY, job, "0", "30", str(log)],
+        env={**os.environ, "TMPDIR": str(tmp)}, start_new_session=True,
+        stdout=open(log, "ab"), stderr=subprocess.STDOUT,
+    )  # fmt: skip
+
+
+def test_a_squatter_binding_every_name_it_sees_gets_nothing_and_the_keeper_is_found(
+    shared_tmp: Path, tmp_path: Path
+) -> None:
+    job = f"sq-{os.getpid()}"
+    env = {"PATH": os.environ["PATH"], "SQUAT_FOR": "8"}
+    # It tries the private directory's place too: it cannot even look inside.
+    theirs = str(shared_tmp / f"orchestrate-{os.getuid()}" / "standby" / f"{job}-0.sock")
+    keeper = _keeper(job, shared_tmp, tmp_path / "standby.log")
+    squatter = None
+    link = None
+    try:
+        wait_for(lambda: (shared_tmp / f"orchestrate-{os.getuid()}").is_dir(), 10)
+        squatter = _as_nobody([sys.executable, "-c", SQUATTER, job, theirs], env)
+        link = wait_for(lambda: KeeperLink.connect(job, 0, lambda pid, rss: None)[0], 10)
+        assert isinstance(link, KeeperLink) and link.keeper_pid == keeper.pid  # the real one
+        out, _ = squatter.communicate(timeout=30)
+    finally:
+        if link is not None:
+            link.close()
+        for proc in (keeper, squatter):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert "bound 1" in out, out  # the abstract name: taken, and no longer ours to care about
+    assert "refused" in out and "received" not in out, out  # no connection reached it
+
+
+def test_a_private_directory_made_by_another_user_is_refused_and_nothing_is_sent(
+    shared_tmp: Path, tmp_path: Path
+) -> None:
+    job = f"sq-{os.getpid()}"
+    env = {"PATH": os.environ["PATH"], "SQUAT_FOR": "8"}
+    # The other user was first: it made our private directory, and listens where our keeper's
+    # socket would be.
+    base = shared_tmp / f"orchestrate-{os.getuid()}"
+    make = "import os, sys; os.makedirs(sys.argv[1] + '/standby', mode=0o777); os.chmod(sys.argv[1], 0o777); os.chmod(sys.argv[1] + '/standby', 0o777)"
+    assert _as_nobody([sys.executable, "-c", make, str(base)], env).wait(10) == 0
+    squatter = _as_nobody(
+        [sys.executable, "-c", SQUATTER, job, str(base / "standby" / f"{job}-0.sock")], env
+    )
+    try:
+        assert (
+            squatter.stdout is not None
+            and "bound 2" in squatter.stdout.readline() + squatter.stdout.readline()
+        )
+        log = tmp_path / "standby.log"
+        keeper = _keeper(job, shared_tmp, log)
+        assert keeper.wait(30) == 3  # it says why, and serves nothing
+        assert "cannot serve warm restarts" in log.read_text() and "uid 65534" in log.read_text()
+        link, problem = KeeperLink.connect(job, 0, lambda pid, rss: None)
+        assert link is None and "belongs to uid 65534" in problem, problem
+        out, _ = squatter.communicate(timeout=30)
+    finally:
+        if squatter.poll() is None:
+            squatter.kill()
+            squatter.wait()
+    assert "received" not in out, out  # not a byte of the job's environment reached it
+
+
+def test_a_pid_the_keeper_names_is_signalled_only_if_it_is_its_child_of_this_job() -> None:
+    job = f"pid-{os.getpid()}"
+    child = subprocess.Popen(["sleep", "30"], env={**os.environ, ENV_JOB_ID: job})
+    stranger = subprocess.Popen(["sleep", "30"])
+    try:
+        me = os.getpid()
+        assert verify_trainer(child.pid, me, job) == ""
+        for pid in (1, 0, -1, "1", None, True, 2.0):
+            assert verify_trainer(pid, me, job).startswith("the keeper named pid"), pid
+        assert "not of this job" in verify_trainer(stranger.pid, me, job)
+        assert "not its child" in verify_trainer(child.pid, me + 1, job)
+        assert "not of this job" in verify_trainer(child.pid, me, job + "x")
+        assert "gone" in verify_trainer(4_194_999, me, job)
+    finally:
+        for proc in (child, stranger):
+            proc.kill()
+            proc.wait()

@@ -43,7 +43,6 @@ from worker.spec import (
     WorkerSpec,
     write_json_atomic,
 )
-from worker.standby import socket_name
 from worker.tb_events import EventWriter
 from worker.warm import (
     KeeperLink,
@@ -52,10 +51,12 @@ from worker.warm import (
     room_for_standby,
     standby_env,
     start_keeper,
+    verify_trainer,
 )
 
 _PR_SET_PDEATHSIG = 1
 FINAL_STATUS_PATIENCE = 30.0  # seconds to keep trying to write the final status
+MAX_PROGRESS_BYTES = 64 << 10  # the progress file a trainer writes: well over what we write
 BOOTSTRAP = str(Path(__file__).resolve().with_name("bootstrap.py"))
 
 
@@ -141,8 +142,10 @@ class Agent:
         self._stop_deadline: float | None = None
         self._trainer: subprocess.Popen[bytes] | WarmTrainer | None = None
         self._keeper: KeeperLink | None = None
-        self._keeper_name = socket_name(spec.job_id, spec.task_index)
         self._standby_asked = False
+        self._started = time.monotonic()
+        self._progress = Progress()
+        self._progress_too_big = False
         self._log: BinaryIO | None = None
         self._write_failing = False
         self._peers = peer_endpoints(spec.tf_config, spec.task_type, spec.task_index)
@@ -205,8 +208,10 @@ class Agent:
         spec = self.spec
         if not spec.warm_restart or not spec.instrument:
             return None
-        link = KeeperLink.connect(self._keeper_name, self._standby_ready)
+        link, problem = KeeperLink.connect(spec.job_id, spec.task_index, self._standby_ready)
         if link is None:
+            if problem:
+                _note(log, f"cold start: {problem}")
             return None
         self._keeper = link
         python, *target = spec.argv
@@ -222,10 +227,24 @@ class Agent:
             }
         )
         if not reply.get("ok"):
-            _note(log, f"cold start: {reply.get('reason', 'no standby')}")
+            _note(log, f"cold start: {str(reply.get('reason', 'no standby'))[:200]}")
             return None
-        _note(log, f"warm start: the standby (pid {reply['pid']}) runs the entrypoint")
-        return WarmTrainer(int(reply["pid"]), link)
+        pid = reply.get("pid")
+        problem = verify_trainer(pid, link.keeper_pid, spec.job_id)
+        if problem:  # never signalled, never recorded: the keeper goes, the start is cold
+            link.close()
+            self._keeper = None
+            _note(log, f"cold start: {problem}")
+            return None
+        try:
+            trainer = WarmTrainer(int(pid), link)  # type: ignore[arg-type]
+        except OSError as exc:
+            link.close()
+            self._keeper = None
+            _note(log, f"cold start: the standby is gone ({exc})")
+            return None
+        _note(log, f"warm start: the standby (pid {pid}) runs the entrypoint")
+        return trainer
 
     def _prepare_standby(self) -> None:
         """Once this attempt trains, have the keeper (started if need be) import TensorFlow in
@@ -238,12 +257,12 @@ class Agent:
             return
         if self._keeper is None:
             standby_log = str(spec.layout.task_dir(spec.task_index) / "standby.log")
-            self._keeper = start_keeper(self._keeper_name, spec.job_id, spec.task_index,
-                                        spec.standby_linger, standby_log,
-                                        self._standby_ready)  # fmt: skip
-        if self._keeper is None:
-            _note(self._log, "no warm standby: its keeper did not start")
-            return
+            self._keeper, problem = start_keeper(spec.job_id, spec.task_index,
+                                                 spec.standby_linger, standby_log,
+                                                 self._standby_ready)  # fmt: skip
+            if self._keeper is None:
+                _note(self._log, f"no warm standby: {problem}")
+                return
         python = spec.argv[0]
         env = trainer_env(spec)
         self._keeper.request(
@@ -305,10 +324,24 @@ class Agent:
             trainer.send_signal(signal.SIGTERM)
 
     def _read_progress(self) -> Progress:
+        """The trainer's progress file, read at most MAX_PROGRESS_BYTES of (a trainer writes
+        what it likes: said once, then the last good progress stands)."""
         try:
-            return Progress.from_dict(json.loads(self.progress_path.read_bytes()))
-        except (OSError, ValueError, TypeError, AttributeError):
-            return Progress()
+            with open(self.progress_path, "rb") as fh:
+                raw = fh.read(MAX_PROGRESS_BYTES + 1)
+        except OSError:
+            return self._progress
+        if len(raw) > MAX_PROGRESS_BYTES:
+            if not self._progress_too_big:
+                _say(f"[orchestrate] {self.progress_path} is over {MAX_PROGRESS_BYTES} bytes: "
+                     "ignored while it is")  # fmt: skip
+            self._progress_too_big = True
+            return self._progress
+        self._progress_too_big = False
+        # Half written, or not JSON: the last good one stands.
+        with contextlib.suppress(ValueError, RecursionError):
+            self._progress = Progress.from_dict(json.loads(raw))
+        return self._progress
 
     def _write_status(
         self, state: AgentState, exit_code: int | None = None, message: str = ""
@@ -356,8 +389,9 @@ class Agent:
             _say(f"[orchestrate] resource sampling stopped: {type(exc).__name__}: {exc}")
             self._sampler = None
             return None
-        launched = self.spec.launched_at
-        step = int(resources.at - launched) if launched else self._seq
+        # Seconds since the job's launch: the coordinator's count to the spec, then our own
+        # monotonic clock (this host's wall clock may be minutes off the coordinator's).
+        step = int(self.spec.since_launch + time.monotonic() - self._started)
         with contextlib.suppress(OSError):  # a full shared directory must not end the agent
             self._tensorboard.scalars(step, tensorboard_scalars(resources), resources.at)
         return resources

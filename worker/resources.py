@@ -211,8 +211,10 @@ class WaitShares:
     def add(self, progress: Progress) -> None:
         if not progress.clock:
             return
-        if self._readings and progress.clock <= self._readings[-1][0]:
+        if self._readings and progress.clock == self._readings[-1][0]:
             return  # not written anew since
+        if self._readings and progress.clock < self._readings[-1][0]:
+            self._readings.clear()  # the host's clock stepped back: start the window again
         self._readings.append((progress.clock, progress.collective_seconds, progress.input_seconds))
         while len(self._readings) > 2 and progress.clock - self._readings[1][0] >= self.window:
             self._readings.popleft()

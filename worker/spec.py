@@ -4,6 +4,7 @@ status an agent writes. Versioned; standard library only (the agent imports noth
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field, fields
 from enum import StrEnum
 from pathlib import PurePosixPath
@@ -21,8 +22,10 @@ SPEC_VERSION = 4
 # 6: listen, unlisten, connect, route (`orchestrate check`); probe's `gpu` (GPU hosts).
 # 7: observe became watch (a long poll: known state in, status keys out).
 # 8: the spec gained sample_resources and launched_at; statuses carry resources.
-HOST_PROTOCOL = 8
+# 9: launched_at became since_launch (no clock compared across hosts).
+HOST_PROTOCOL = 9
 _D = TypeVar("_D")
+_E = TypeVar("_E", bound=StrEnum)
 
 # Environment a trainer sees, besides TF_CONFIG and the user's env.
 ENV_JOB_DIR = "ORCHESTRATE_JOB_DIR"
@@ -74,6 +77,49 @@ class JobLayout:
         return self.root / "tmp"
 
 
+# --- what a trainer or a host writes is not trusted: typed and bounded on the way in --------
+
+MAX_COUNT = 2**53  # a step, epoch or byte count: exact in JSON and in SQLite's INTEGER
+MAX_TEXT = 2000  # characters of a message kept
+MAX_METRICS = 64
+MAX_GPUS = 64
+
+
+def _count(value: object, default: int | None = 0, high: int = MAX_COUNT) -> int | None:
+    """A non-negative integer within bounds, or `default`: strings, NaN, lists, booleans and
+    out-of-range numbers are not counts."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return default
+    if isinstance(value, float) and not math.isfinite(value):
+        return default
+    number = int(value)
+    return number if 0 <= number <= high else default
+
+
+def _real(value: object, low: float = -1e300, high: float = 1e300) -> float | None:
+    """A finite float within bounds, or None."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    number = float(value)
+    return number if math.isfinite(number) and low <= number <= high else None
+
+
+def _text(value: object, limit: int = MAX_TEXT) -> str:
+    return value[:limit] if isinstance(value, str) else ""
+
+
+def _is_code(value: object) -> bool:
+    """An exit status: an int (not a bool) in a C int's range."""
+    return isinstance(value, int) and not isinstance(value, bool) and -(2**31) <= value < 2**31
+
+
+def _enum(kind: type[_E], value: object) -> _E:
+    try:
+        return kind(value if isinstance(value, str) else "")
+    except ValueError:
+        return kind("")
+
+
 def _from_mapping(cls: type[_D], raw: str | bytes, what: str) -> _D:
     """Build a dataclass from JSON, refusing unknown keys and missing required ones."""
     data = json.loads(raw)
@@ -120,7 +166,9 @@ class WorkerSpec:
     standby_linger: float = 60.0
     # Sample the trainer's resources at every heartbeat (worker.resources) and time its waits.
     sample_resources: bool = True
-    launched_at: float = 0.0  # the job's launch (time.time()): TensorBoard's step 0
+    # Seconds from the job's launch to this spec, by the coordinator's clock: the agent adds its
+    # own monotonic time to it (TensorBoard's step), so no host's clock is compared with ours.
+    since_launch: float = 0.0
     version: int = SPEC_VERSION
 
     @property
@@ -207,12 +255,34 @@ class Progress:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Progress:
-        known = {f.name for f in fields(cls)}
-        values = {k: v for k, v in data.items() if k in known}  # newer runtimes may add keys
-        values["phase"] = Phase(values.get("phase", ""))
-        values["step_signal"] = StepSignal(values.get("step_signal", ""))
-        return cls(**values)
+    def from_dict(cls, data: object) -> Progress:
+        """From what a trainer wrote: every field typed and bounded, garbage dropped (keys of
+        newer runtimes too)."""
+        if not isinstance(data, dict):
+            return cls()
+        metrics = data.get("metrics")
+        kept: dict[str, float] = {}
+        if isinstance(metrics, dict):
+            for name, value in list(metrics.items())[:MAX_METRICS]:
+                number = _real(value)
+                if isinstance(name, str) and number is not None:
+                    kept[name[:100]] = number
+        return cls(
+            phase=_enum(Phase, data.get("phase", "")),
+            epoch=_count(data.get("epoch")) or 0,
+            step=_count(data.get("step")) or 0,
+            loss=_real(data.get("loss")),
+            steps_per_sec=_real(data.get("steps_per_sec"), 0.0, 1e12),
+            initial_epoch=_count(data.get("initial_epoch")) or 0,
+            metrics=kept,
+            step_signal=_enum(StepSignal, data.get("step_signal", "")),
+            epochs=_count(data.get("epochs")) or 0,
+            steps_per_epoch=_count(data.get("steps_per_epoch")) or 0,
+            epoch_step=_count(data.get("epoch_step")) or 0,
+            collective_seconds=_real(data.get("collective_seconds"), 0.0) or 0.0,
+            input_seconds=_real(data.get("input_seconds"), 0.0) or 0.0,
+            clock=_real(data.get("clock"), 0.0) or 0.0,
+        )
 
 
 def remaining_steps(epoch: int, epochs: int, steps_per_epoch: int, epoch_step: int) -> int | None:
@@ -253,15 +323,35 @@ class Resources:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Resources:
-        known = {f.name for f in fields(cls)}
-        values = {k: v for k, v in data.items() if k in known}
-        gpu_known = {f.name for f in fields(GpuSample)}
-        values["gpus"] = tuple(
-            GpuSample(**{k: v for k, v in g.items() if k in gpu_known})
-            for g in values.get("gpus") or ()
+    def from_dict(cls, data: object) -> Resources:
+        """From a status file: typed and bounded, as Progress.from_dict."""
+        if not isinstance(data, dict):
+            return cls()
+        gpus = data.get("gpus")
+        samples = []
+        for g in gpus[:MAX_GPUS] if isinstance(gpus, list) else ():
+            index = _count(g.get("index"), None, 4096) if isinstance(g, dict) else None
+            if index is not None:
+                samples.append(
+                    GpuSample(
+                        index,
+                        _real(g.get("utilization"), 0.0, 100.0),
+                        _count(g.get("memory_used"), None),
+                        _count(g.get("memory_total"), None),
+                    )
+                )
+        return cls(
+            at=_real(data.get("at")) or 0.0,
+            cpu_percent=_real(data.get("cpu_percent"), 0.0, 1e6),
+            cpu_wait_percent=_real(data.get("cpu_wait_percent"), 0.0, 100.0),
+            rss_bytes=_count(data.get("rss_bytes"), None),
+            host_cpu_percent=_real(data.get("host_cpu_percent"), 0.0, 100.0),
+            host_mem_available=_count(data.get("host_mem_available"), None),
+            host_mem_total=_count(data.get("host_mem_total"), None),
+            gpus=tuple(samples),
+            collective_percent=_real(data.get("collective_percent"), 0.0, 100.0),
+            input_percent=_real(data.get("input_percent"), 0.0, 100.0),
         )
-        return cls(**values)
 
 
 @dataclass(frozen=True)
@@ -286,17 +376,20 @@ class TaskStatus:
         data = json.loads(raw)
         if not isinstance(data, dict):
             raise ValueError("task status: expected a JSON object")
-        try:
-            return cls(
-                state=AgentState(data["state"]),
-                seq=int(data["seq"]),
-                agent_pid=int(data["agent_pid"]),
-                attempt=int(data.get("attempt", 0)),
-                trainer_pid=data.get("trainer_pid"),
-                exit_code=data.get("exit_code"),
-                progress=Progress.from_dict(data.get("progress") or {}),
-                message=str(data.get("message", "")),
-                resources=Resources.from_dict(data["resources"]) if data.get("resources") else None,
-            )
-        except (KeyError, TypeError) as exc:
-            raise ValueError(f"task status: {exc}") from None
+        seq, agent_pid = _count(data.get("seq"), None), _count(data.get("agent_pid"), None)
+        if seq is None or agent_pid is None:
+            raise ValueError("task status: seq and agent_pid must be counts")
+        exit_code = data.get("exit_code")
+        if not _is_code(exit_code):
+            exit_code = None
+        return cls(
+            state=AgentState(str(data.get("state"))),  # ValueError: not a state
+            seq=seq,
+            agent_pid=agent_pid,
+            attempt=_count(data.get("attempt")) or 0,
+            trainer_pid=_count(data.get("trainer_pid"), None, 2**31 - 1),
+            exit_code=exit_code,
+            progress=Progress.from_dict(data.get("progress")),
+            message=_text(data.get("message", "")),
+            resources=Resources.from_dict(data["resources"]) if data.get("resources") else None,
+        )

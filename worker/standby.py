@@ -13,9 +13,13 @@ agent's promises: a trainer never outlives the agent that runs it (the agent's c
 closes: the trainer is killed), and nothing outlives the job (no agent for LINGER seconds: the
 keeper ends its standby and exits; the supervisor also sweeps the job's processes at the end).
 
-Agents find the keeper by an abstract unix socket named for the job and task (host-local,
-scoped to the network namespace), and only processes of the same user are served
-(SO_PEERCRED). JSON lines, agent -> keeper:
+Agents find the keeper by a unix socket file named for the job and task, in this user's private
+directory on the host's own disk (worker/private_dir.py: 0700, ours, checked): another user can
+neither bind the name first nor connect to it. (An abstract socket name would be open to every
+user of the network namespace: the first to bind it wins.) Each side checks the other with
+SO_PEERCRED: the keeper serves only this user; the agent speaks only to this task's keeper
+(this user, and a process whose arguments are `standby.py JOB TASK`), and sends nothing before.
+JSON lines, agent -> keeper:
   {"op": "prepare", "fingerprint": F, "env": {...}, "python": P}  start a standby (if none, or
       replace one whose fingerprint differs); the keeper answers {"ok": true} at once and
       later {"standby": PID, "rss": BYTES} once the standby has imported TensorFlow
@@ -29,6 +33,8 @@ Standard library only.
 from __future__ import annotations
 
 import contextlib
+import errno
+import hashlib
 import json
 import os
 import select
@@ -40,14 +46,29 @@ import sys
 import time
 from typing import Any
 
+if __package__ in (None, ""):  # run as a file (python .../worker/standby.py): import as a package
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from worker.private_dir import private_dir
+
 _PR_SET_PDEATHSIG = 1
 BOOTSTRAP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bootstrap.py")
 READY = b"ready\n"
 MAX_STANDBY_DEATHS = 3
 
 
-def socket_name(job_id: str, task_index: int) -> str:
-    return f"\0orchestrate-standby-{os.getuid()}-{job_id}-{task_index}"
+def socket_path(job_id: str, task_index: int) -> str:
+    """The task's keeper socket in this user's private directory (UnsafeDirectory, an
+    OSError, when that directory is not ours alone)."""
+    name = f"{job_id}-{task_index}.sock"
+    if len(name) > 60:  # a unix socket path has at most 107 bytes
+        name = hashlib.sha256(name.encode()).hexdigest()[:32] + ".sock"
+    return os.path.join(private_dir("standby"), name)
+
+
+def _say(message: str) -> None:
+    with contextlib.suppress(OSError, ValueError):
+        print(f"[orchestrate] keeper: {message}", file=sys.stderr, flush=True)
 
 
 def _die_with_parent() -> None:
@@ -106,8 +127,7 @@ class Keeper:
     def __init__(self, job_id: str, task_index: int, linger: float, log: str) -> None:
         self.linger = linger
         self.log = log
-        self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.server.bind(socket_name(job_id, task_index))  # raises when one runs already
+        self.server = _bind(socket_path(job_id, task_index))
         self.server.listen(4)
         self.agent: socket.socket | None = None
         self.agent_buffer = b""
@@ -256,12 +276,44 @@ class Keeper:
                 return 0
 
 
+class NameTaken(OSError):
+    """Another keeper serves this task's socket already."""
+
+
+def _bind(path: str) -> socket.socket:
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        server.bind(path)
+        return server
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        if exc.errno != errno.EADDRINUSE:
+            server.close()
+            raise
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(path)
+    except OSError:  # a socket file no keeper listens on: a keeper that died; take it over
+        os.unlink(path)
+        server.bind(path)
+        return server
+    finally:
+        probe.close()
+    server.close()
+    raise NameTaken(f"{path} is served already")
+
+
 def main(argv: list[str]) -> int:
     job_id, task_index, linger, log = argv[0], int(argv[1]), float(argv[2]), argv[3]
     try:
         keeper = Keeper(job_id, task_index, linger, log)
-    except OSError:  # one is serving this task already
+    except NameTaken as exc:  # another keeper serves this task: the agent uses that one
+        _say(f"not started: {exc}")
         return 0
+    except OSError as exc:  # the private directory is not ours alone, or the bind failed
+        _say(f"cannot serve warm restarts: {exc}")
+        return 3
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
     try:
         return keeper.serve()

@@ -37,6 +37,9 @@ def _masked(data: bytes) -> int:
 
 
 def _varint(value: int) -> bytes:
+    """Protobuf's base-128 varint; a negative int64 as its two's complement (ten bytes), as
+    protobuf writes it (a negative value shifted right never reaches 0)."""
+    value &= 0xFFFF_FFFF_FFFF_FFFF
     out = bytearray()
     while True:
         bits = value & 0x7F

@@ -9,7 +9,9 @@ import hashlib
 import json
 import os
 import queue
+import signal
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -18,7 +20,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from worker.spec import ENV_ATTEMPT
+from worker.spec import ENV_ATTEMPT, ENV_JOB_ID
+from worker.standby import socket_path
 
 STANDBY = str(Path(__file__).resolve().with_name("standby.py"))
 # What differs between attempts and is given only at activation.
@@ -89,17 +92,32 @@ class KeeperLink:
         self.exit_code: int | None = None
         self.exited = threading.Event()
         self.lost = threading.Event()
+        self.keeper_pid = 0
         threading.Thread(target=self._read, daemon=True).start()
 
     @classmethod
-    def connect(cls, name: str, on_standby: Callable[[int, int], None]) -> KeeperLink | None:
+    def connect(
+        cls, job_id: str, task_index: int, on_standby: Callable[[int, int], None]
+    ) -> tuple[KeeperLink | None, str]:
+        """The link to this task's keeper, verified before anything is sent; (None, '') when no
+        keeper listens, (None, why) when the socket is not to be trusted."""
+        try:
+            path = socket_path(job_id, task_index)
+        except OSError as exc:
+            return None, f"no private directory for the keeper's socket: {exc}"
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            sock.connect(name)
+            sock.connect(path)
         except OSError:
             sock.close()
-            return None
-        return cls(sock, on_standby)
+            return None, ""
+        problem = _not_our_keeper(sock, job_id, task_index)
+        if problem:
+            sock.close()
+            return None, problem
+        link = cls(sock, on_standby)
+        link.keeper_pid = _peer(sock)[0]
+        return link, ""
 
     def _read(self) -> None:
         buffer = b""
@@ -115,14 +133,24 @@ class KeeperLink:
             buffer += data
             while b"\n" in buffer:
                 line, buffer = buffer.split(b"\n", 1)
-                message = json.loads(line)
-                if "exit" in message:
-                    self.exit_code = int(message["exit"])
-                    self.exited.set()
-                elif "standby" in message:
-                    self.on_standby(int(message["standby"]), int(message.get("rss", 0)))
-                else:
-                    self.replies.put(message)
+                try:
+                    message = json.loads(line)
+                    if not isinstance(message, dict):
+                        raise ValueError("not an object")
+                    if "exit" in message:
+                        self.exit_code = int(message["exit"])
+                        self.exited.set()
+                    elif "standby" in message:
+                        self.on_standby(int(message["standby"]), int(message.get("rss", 0)))
+                    else:
+                        self.replies.put(message)
+                except (ValueError, TypeError):  # garbage from the keeper: the link is lost
+                    data = b""
+                    break
+            if not data:
+                self.lost.set()
+                self.exited.set()
+                return
 
     def request(self, message: dict[str, Any]) -> dict[str, Any]:
         try:
@@ -140,9 +168,63 @@ class KeeperLink:
             self.sock.close()
 
 
-def start_keeper(name: str, job_id: str, task_index: int, linger: float, log: str,
-                 on_standby: Callable[[int, int], None]) -> KeeperLink | None:  # fmt: skip
-    """Start the task's keeper (its own session: it outlives this agent) and connect to it."""
+def _peer(sock: socket.socket) -> tuple[int, int]:
+    """(pid, uid) of the process at the other end of a unix socket, from the kernel."""
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    pid, uid, _ = struct.unpack("3i", creds)
+    return pid, uid
+
+
+def _argv(pid: int) -> list[str]:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return [a.decode(errors="replace") for a in fh.read().split(b"\0")[:-1]]
+    except OSError:
+        return []
+
+
+def _not_our_keeper(sock: socket.socket, job_id: str, task_index: int) -> str:
+    """'' when the process serving the socket is this user's keeper of this job's task."""
+    pid, uid = _peer(sock)
+    if uid != os.getuid():
+        return f"the keeper's socket is served by uid {uid}, not by us"
+    argv = _argv(pid)
+    ours = (
+        len(argv) >= 4
+        and os.path.realpath(argv[1]) == STANDBY
+        and argv[2:4]
+        == [
+            job_id,
+            str(task_index),
+        ]
+    )
+    return "" if ours else f"the keeper's socket is served by pid {pid}, not this task's keeper"
+
+
+def verify_trainer(pid: object, keeper_pid: int, job_id: str) -> str:
+    """'' when `pid`, as the keeper named it, is the keeper's child carrying this job's id: the
+    only pid the agent will signal. A pid told by another process is a claim, not a fact."""
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 1:
+        return f"the keeper named pid {pid!r}"
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            parent = int(fh.read().rsplit(b")", 1)[1].split()[1])
+        with open(f"/proc/{pid}/environ", "rb") as fh:
+            environ = fh.read().split(b"\0")
+    except (OSError, ValueError, IndexError):
+        return f"the keeper named pid {pid}, which is gone"
+    if parent != keeper_pid:
+        return f"the keeper named pid {pid}, which is not its child"
+    if f"{ENV_JOB_ID}={job_id}".encode() not in environ:
+        return f"the keeper named pid {pid}, which is not of this job"
+    return ""
+
+
+def start_keeper(
+    job_id: str, task_index: int, linger: float, log: str, on_standby: Callable[[int, int], None]
+) -> tuple[KeeperLink | None, str]:
+    """Start the task's keeper (its own session: it outlives this agent) and connect to it;
+    (None, why) when it cannot be used."""
     with open(log, "ab") as out:
         subprocess.Popen(
             [sys.executable, STANDBY, job_id, str(task_index), str(linger), log],
@@ -153,11 +235,11 @@ def start_keeper(name: str, job_id: str, task_index: int, linger: float, log: st
         )
     deadline = time.monotonic() + 5.0
     while time.monotonic() < deadline:
-        link = KeeperLink.connect(name, on_standby)
-        if link is not None:
-            return link
+        link, problem = KeeperLink.connect(job_id, task_index, on_standby)
+        if link is not None or problem:
+            return link, problem
         time.sleep(0.05)
-    return None
+    return None, "its keeper did not start (see standby.log)"
 
 
 class WarmTrainer:
@@ -165,9 +247,12 @@ class WarmTrainer:
     the agent uses it; the exit status comes from the keeper."""
 
     def __init__(self, pid: int, link: KeeperLink) -> None:
+        """`pid` was verified (verify_trainer); a pidfd taken now keeps it that process: a
+        signal never reaches another that reuses the number."""
         self.pid = pid
         self.link = link
         self.returncode: int | None = None
+        self.pidfd = os.pidfd_open(pid)
 
     def poll(self) -> int | None:
         if self.returncode is None and self.link.exited.is_set():
@@ -181,8 +266,8 @@ class WarmTrainer:
 
     def send_signal(self, signum: int) -> None:
         if self.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.pid, signum)
+            with contextlib.suppress(ProcessLookupError, OSError):
+                signal.pidfd_send_signal(self.pidfd, signum)
 
     def kill(self) -> None:
         self.send_signal(9)

@@ -62,6 +62,7 @@ class HelperClient:
         self._next = 0
         self._waiting: dict[int, tuple[threading.Event, list[Any]]] = {}
         self._closed = False
+        self._broken = ""  # why the channel was given up, when the host sent garbage
         self._reader = channel.makefile("rb")
         deadline = time.monotonic() + ready_timeout
         try:
@@ -89,9 +90,21 @@ class HelperClient:
     def _read(self) -> None:
         try:
             for line in self._reader:
-                reply = json.loads(line)
+                try:
+                    reply = json.loads(line)
+                except ValueError:
+                    reply = None
+                if not isinstance(reply, dict) or not isinstance(reply.get("id"), int):
+                    # What the host sent is not ours to guess at: every call fails now, the
+                    # host named, rather than waiting out its timeout.
+                    self._broken = (
+                        f"{self.label}: the worker helper sent a malformed reply "
+                        f"({line[:80].decode(errors='replace')!r})"
+                    )
+                    self.channel.close()
+                    break
                 with self._lock:
-                    waiter = self._waiting.pop(reply.get("id"), None)
+                    waiter = self._waiting.pop(reply["id"], None)
                 if waiter is not None:
                     waiter[1].append(reply)
                     waiter[0].set()
@@ -108,6 +121,8 @@ class HelperClient:
         slot: list[Any] = []
         with self._lock:
             if self._closed:
+                if self._broken:
+                    raise TransportError(self._broken)
                 raise EOFError("worker helper channel closed")
             self._next += 1
             request_id = self._next
@@ -120,6 +135,8 @@ class HelperClient:
                 self._waiting.pop(request_id, None)
             raise HelperTimeout(f"{self.label}: {op} timed out after {timeout:g}s")
         if not slot:
+            if self._broken:
+                raise TransportError(self._broken)
             raise EOFError("worker helper channel closed")
         reply = slot[0]
         if not reply.get("ok"):

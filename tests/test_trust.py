@@ -1,0 +1,176 @@
+"""What a shared host throws at us, as a hostile or unlucky user would: host clocks minutes off
+the coordinator's, and trainers that write garbage where we read. Real agents and supervisor,
+the stand-in trainer (no TensorFlow)."""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import (
+    FAKE,
+    CliResult,
+    fake_job,
+    job_processes,
+    launch_detached,
+    wait_for,
+    wait_for_end,
+)
+
+
+def _events(run_dir: Path) -> list[object]:
+    from tensorboard.compat.proto import event_pb2
+
+    events = []
+    for path in sorted(run_dir.glob("events.out.tfevents.*")):
+        data = path.read_bytes()
+        while data:
+            (length,) = struct.unpack("<Q", data[:8])
+            events.append(event_pb2.Event.FromString(data[12 : 12 + length]))
+            data = data[16 + length :]
+    return events
+
+
+@pytest.mark.parametrize("offset", [-120, 120], ids=["behind", "ahead"])
+def test_a_host_clock_two_minutes_off_changes_nothing(
+    offset: int, tmp_path: Path, cli: Callable[..., CliResult], reap_pids: list[int]
+) -> None:
+    """The agents and trainers see a wall clock `offset` seconds off the coordinator's (a
+    sitecustomize on their PYTHONPATH): heartbeats go on, the TensorBoard steps count from the
+    job's launch and never go negative, the samples kept for the report are on our clock."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(
+        "import sys, time\n"
+        "if any(a in ('worker.agent', 'worker.hostd') or a.endswith(('bootstrap.py', "
+        "'fake_trainer.py', 'standby.py')) for a in sys.orig_argv):\n"
+        "    _real = time.time\n"
+        f"    time.time = lambda: _real() + {offset}\n"
+    )
+    config = tmp_path / "cluster.toml"
+    config.write_text(fake_job(tmp_path, ["--mode", "sleep"], extra="heartbeat_timeout = 3.0"))
+    env = {"PYTHONPATH": f"{hook}:{Path(__file__).resolve().parent.parent}"}
+    job_id = launch_detached(cli, config, reap_pids, env=env)
+    shared = tmp_path / "shared" / job_id
+    runs = [shared / "tensorboard" / f"worker-{i}" / "resources" for i in (0, 1)]
+    # Several heartbeats with samples on each task (a negative step used to hang the agent
+    # in the event writer: its heartbeats stopped and heartbeat_timeout failed the job).
+    wait_for(lambda: all(len(_events(run)) >= 6 for run in runs), 60)
+    job = cli("status", job_id, "--json")
+    assert '"state": "running"' in job.out, job.out
+    assert cli("stop", job_id).code == 0
+    for run in runs:
+        steps = [e.step for e in _events(run)[1:]]  # type: ignore[attr-defined]
+        assert steps == sorted(steps) and steps[0] >= 0 and steps[-1] < 600, steps
+    events = cli("status", job_id, "--json").out
+    assert "no heartbeat" not in events and '"state": "stopped"' in events
+    assert job_processes(job_id) == []
+
+
+def test_a_negative_tensorboard_step_is_written_as_protobuf_does() -> None:
+    """Regression: a negative step (a clock behind) looped forever in _varint."""
+    import threading
+
+    from worker import tb_events
+
+    done: list[bytes] = []
+    worker = threading.Thread(target=lambda: done.append(tb_events._varint(-1)), daemon=True)
+    worker.start()
+    worker.join(10)
+    assert done == [b"\xff" * 9 + b"\x01"]  # int64 -1: ten bytes, two's complement
+    from tensorboard.compat.proto import event_pb2
+
+    record = tb_events.scalars_event(1.0, -5, {"x": 1.0})
+    assert event_pb2.Event.FromString(record).step == -5
+
+
+HOSTILE = Path(__file__).resolve().parent / "fixtures" / "hostile_trainer.py"
+
+
+def _vm_hwm_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def test_garbage_progress_and_a_60_mb_line_neither_crash_nor_bloat_the_supervisor(
+    tmp_path: Path, cli: Callable[..., CliResult], reap_pids: list[int]
+) -> None:
+    config = tmp_path / "cluster.toml"
+    config.write_text(fake_job(tmp_path, [], workers=1).replace(str(FAKE), str(HOSTILE)))
+    job_id = launch_detached(cli, config, reap_pids, env={"LINGER": "4"})
+    supervisor = reap_pids[-1]
+    copy = tmp_path / "home" / "jobs" / job_id / "logs" / "worker-0.log"
+
+    def after_long_line() -> bool:
+        return (
+            copy.exists()
+            and copy.stat().st_size > 60 << 20
+            and b"after the long line" in (copy.read_bytes()[-200:])
+        )
+
+    wait_for(after_long_line, 120)
+    peak = _vm_hwm_mb(supervisor)  # it holds at most 64 KiB of a line, not the line
+    end = wait_for_end(cli, job_id, 60)
+    assert end["state"] == "succeeded", end
+    assert all(t["state"] == "succeeded" for t in end["tasks"]), end["tasks"]
+    task = end["tasks"][0]
+    assert (task["epoch"], task["step"], task["loss"]) == (3, 10, 0.5)  # the last good one
+    assert peak < 150, peak
+    shared = tmp_path / "shared" / job_id / "logs" / "worker-0.log"
+    assert copy.read_bytes() == shared.read_bytes()  # the durable copy: byte for byte
+    assert job_processes(job_id) == []
+
+
+def _in_a_terminal(argv: list[str], env: dict[str, str]) -> bytes:
+    """Run argv with a pseudo-terminal as its stdout and stderr; everything it wrote."""
+    import os
+    import pty
+    import subprocess
+
+    main, sub = pty.openpty()
+    proc = subprocess.Popen(argv, stdout=sub, stderr=sub, stdin=subprocess.DEVNULL, env=env)
+    os.close(sub)
+    out = b""
+    while True:
+        try:
+            data = os.read(main, 65536)
+        except OSError:  # EIO: the terminal's other side closed
+            break
+        if not data:
+            break
+        out += data
+    os.close(main)
+    assert proc.wait(120) == 0, out[-2000:]
+    return out
+
+
+def test_what_a_trainer_prints_cannot_drive_the_terminal(
+    tmp_path: Path, cli: Callable[..., CliResult], home: Path
+) -> None:
+    import os
+    import sys
+
+    config = tmp_path / "cluster.toml"
+    config.write_text(fake_job(tmp_path, [], workers=1).replace(str(FAKE), str(HOSTILE)))
+    env = {**os.environ, "ORCHESTRATE_HOME": str(home), "LONG_LINE_BYTES": "100000",
+           "LINGER": "0", "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}  # fmt: skip
+    launched = _in_a_terminal([sys.executable, "-m", "orchestrator", "launch", "--plain",
+                               str(config)], env)  # fmt: skip
+    job_id = cli("status", "--json").out.split('"id": "')[1].split('"')[0]
+    logs = _in_a_terminal([sys.executable, "-m", "orchestrator", "logs", job_id], env)
+    for out in (launched, logs):
+        assert b"\x1b]" not in out and b"\x1b[2J" not in out and b"\x07" not in out
+        assert b"\\x1b]0;pwned\\x07title" in out  # shown, escaped
+        assert b"benign\\rorchestrate: job forged succeeded" in out  # the \r is visible
+    assert b"y" * 1000 + b" [... line cut at 64 KiB]" in launched
+    # Off a terminal the lines are exactly the task's, and the copy is byte for byte the log.
+    piped = cli("logs", job_id).out
+    assert "\x1b]0;pwned\x07title" in piped and "orchestrate: job forged" in piped
+    shared = tmp_path / "shared" / job_id / "logs" / "worker-0.log"
+    copy = home / "jobs" / job_id / "logs" / "worker-0.log"
+    assert copy.read_bytes() == shared.read_bytes()
