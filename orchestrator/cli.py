@@ -275,6 +275,10 @@ def attach(
         return
     if job.state.is_terminal():
         raise UsageError(f"job {job.id} already {job.state.value}: nothing to attach to")
+    if job.state == JobState.PENDING:  # its launch has not claimed it yet: it is not lost
+        raise UsageError(
+            f"job {job.id} is pending: its launch is starting it; nothing to attach to"
+        )
     alive = supervisor_alive(job)
     if alive:
         raise UsageError(f"job {job.id} is supervised by pid {job.supervisor_pid}; it is not lost")

@@ -257,8 +257,15 @@ class GroupControl:
             self.store.add_event(self.job_id, "stop_failed", f"could not stop {names} (yet)")
         # We stopped them: whatever they reported while going down (lost, or the preemption
         # exit code of a trainer that checkpointed on our SIGTERM), they are stopped; those
-        # whose host did not answer are not known to be.
+        # whose host did not answer are not known to be. A task whose agent reported FAILED
+        # with its own exit code ended on its own before the stop reached it (an agent that
+        # was asked to stop reports STOPPED): that end is its own, and it stays failed.
         unconfirmed = {a.task_index for a in stuck}
+        preempted = self.config.restart.preemption_exit_code
+
+        def ended_on_its_own(t: TaskRecord) -> bool:
+            return t.state == TaskState.FAILED and t.exit_code not in (None, preempted)
+
         self.store.update_tasks(
             self.job_id,
             {
@@ -266,7 +273,9 @@ class GroupControl:
                     "state": TaskState.UNREACHABLE if t.idx in unconfirmed else TaskState.STOPPED
                 }
                 for t in self.store.tasks(self.job_id)
-                if t.idx in running_before and t.state != TaskState.SUCCEEDED
+                if t.idx in running_before
+                and t.state != TaskState.SUCCEEDED
+                and not ended_on_its_own(t)
             },
         )
         return stuck

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from orchestrator.errors import OrchestrateError
+from orchestrator.errors import OrchestrateError, UsageError
 from orchestrator.states import JobState
 from orchestrator.store import Store
 
@@ -30,6 +30,10 @@ class IllegalTransition(OrchestrateError):
     """A bug: a state change the job state machine does not allow."""
 
 
+class SupervisionTaken(UsageError):
+    """Another process claimed the job's supervision first (`attach` racing a launch)."""
+
+
 def check_transition(current: JobState, new: JobState) -> None:
     if new not in LEGAL[current]:
         raise IllegalTransition(f"job state {current.value} cannot become {new.value}")
@@ -49,6 +53,20 @@ class JobStateMachine:
     def to(self, new: JobState, **fields: Any) -> None:
         check_transition(self.state, new)
         self.store.update_job(self.job_id, state=new, **fields)
+        self.state = new
+
+    def claim(
+        self, new: JobState, supervisor: tuple[int, str, str], replacing: tuple[int | None, str]
+    ) -> None:
+        """Become the job's supervisor and move it to `new`, atomically (store.claim_job): two
+        supervisors never run one job. SupervisionTaken when another process got there first."""
+        check_transition(self.state, new)
+        if not self.store.claim_job(self.job_id, self.state, new, supervisor, replacing):
+            job = self.store.get_job(self.job_id)
+            raise SupervisionTaken(
+                f"job {self.job_id} is {job.state.value} and supervised by pid "
+                f"{job.supervisor_pid} on {job.supervisor_host or 'this host'}: not taking it over"
+            )
         self.state = new
 
     def reopen(self, **fields: Any) -> None:

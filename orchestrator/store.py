@@ -208,6 +208,30 @@ class Store:
         assignments = ", ".join(f"{k} = ?" for k in values)
         self._db.execute(f"UPDATE jobs SET {assignments} WHERE id = ?", [*values.values(), job_id])
 
+    def claim_job(
+        self,
+        job_id: str,
+        state: JobState,
+        new_state: JobState,
+        supervisor: tuple[int, str, str],
+        replacing: tuple[int | None, str],
+    ) -> bool:
+        """Make `supervisor` (pid, identity, host) the job's supervisor and move it from
+        `state` to `new_state`, in one statement, only if nobody else got there first: the job
+        is still in `state`, and its recorded supervisor is none, this one, or `replacing` (the
+        dead one an `attach` checked). False: another process supervises it."""
+        pid, ident, host = supervisor
+        old_pid, old_ident = replacing
+        now = time.time()
+        cursor = self._db.execute(
+            "UPDATE jobs SET state = ?, supervisor_pid = ?, supervisor_ident = ?, "
+            "supervisor_host = ?, updated = ? WHERE id = ? AND state = ? AND ("
+            "supervisor_pid IS NULL OR (supervisor_pid = ? AND supervisor_ident = ?) "
+            "OR (supervisor_pid = ? AND supervisor_ident = ?))",
+            (new_state, pid, ident, host, now, job_id, state, pid, ident, old_pid, old_ident),
+        )
+        return cursor.rowcount == 1
+
     def get_job(self, ref: str) -> JobRecord:
         """A job by id, the newest job with that name, or a unique id prefix."""
         if not ref.strip():

@@ -104,12 +104,11 @@ class Supervisor:
 
     # --- the restart loop ---------------------------------------------------------------
     def _main(self, adopted: Group | None, first: Decision | None = None) -> JobState:
-        self.job_state.to(
-            JobState.RUNNING if adopted else JobState.LAUNCHING,
-            supervisor_pid=os.getpid(),
-            supervisor_ident=identity(os.getpid()) or "",
-            supervisor_host=socket.gethostname(),
-        )
+        # Claimed in one store statement: a launch and an `attach` racing for one job leave
+        # one supervisor, and the other refuses in one line before it touches anything.
+        me = (os.getpid(), identity(os.getpid()) or "", socket.gethostname())
+        dead = (self.job.supervisor_pid, self.job.supervisor_ident) if adopted else (None, "")
+        self.job_state.claim(JobState.RUNNING if adopted else JobState.LAUNCHING, me, dead)
         try:
             return self._loop(adopted, first)
         except OrchestrateError as exc:

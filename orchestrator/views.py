@@ -25,6 +25,19 @@ def _write(text: str = "") -> None:
     sys.stdout.write(text + "\n")
 
 
+def unsupervised_check(job: JobRecord, task: TaskRecord) -> str | None:
+    """What status can tell of a task the store says runs when no supervisor keeps the store
+    current: 'alive' or 'gone' where its agent is on this machine (checked by pid and
+    identity), else 'unconfirmed'. None: a supervisor lives (or the task ended)."""
+    if task.state.is_terminal() or supervisor_alive(job) is not False:
+        return None
+    if job.backend == "local" and task.agent_pid:
+        from worker.proctl import is_same
+
+        return "alive" if is_same(task.agent_pid, task.agent_ident) else "gone"
+    return "unconfirmed"
+
+
 def job_view(job: JobRecord, tasks: list[TaskRecord], now: float) -> dict[str, Any]:
     alive = None if job.state.is_terminal() else supervisor_alive(job)
     pool = HostPool.from_json(job.hosts_json)
@@ -83,10 +96,21 @@ def job_view(job: JobRecord, tasks: list[TaskRecord], now: float) -> dict[str, A
                 if t.resources is None or t.state.is_terminal()
                 else t.resources.to_dict(),
                 "straggler": t.straggler or None,
+                # With no supervisor, `state` is the last one recorded: what is known now.
+                "unsupervised": unsupervised_check(job, t) if alive is False else None,
             }
             for t in tasks
         ],
     }
+
+
+def _unsupervised_cell(seen: str | None) -> str:
+    return {
+        None: "",
+        "alive": " (agent alive)",
+        "gone": " (agent gone)",
+        "unconfirmed": " (unconfirmed: no supervisor)",
+    }[seen]
 
 
 def _eta(task: TaskRecord) -> float | None:
@@ -159,7 +183,11 @@ def render_status(views: list[dict[str, Any]], detailed: bool) -> None:
         return
     rows = []
     for v in views:
-        running = sum(1 for t in v["tasks"] if TaskState(t["state"]).is_running())
+        running = sum(
+            1
+            for t in v["tasks"]
+            if TaskState(t["state"]).is_running() and t["unsupervised"] in (None, "alive")
+        )
         state = v["state"]
         if v["supervisor"]["alive"] is False:
             state += " (supervisor gone: orchestrate attach)"
@@ -183,7 +211,9 @@ def render_status(views: list[dict[str, Any]], detailed: bool) -> None:
                 f"{t['type']}-{t['index']}",
                 t["host"],
                 t["address"],
-                t["state"] + (f" ({t['exit_code']})" if t["exit_code"] else ""),
+                t["state"]
+                + (f" ({t['exit_code']})" if t["exit_code"] else "")
+                + _unsupervised_cell(t["unsupervised"]),
                 t["phase"] or "-",
                 str(t["pid"] or "-"),
                 f"{t['epoch']}/{t['total_epochs']}" if t["total_epochs"] else str(t["epoch"]),

@@ -5,8 +5,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from collections.abc import Callable, Iterator
@@ -218,3 +220,27 @@ def reap_pids() -> Iterator[list[int]]:
                 os.killpg(pid, 9)
             with contextlib.suppress(OSError):
                 os.kill(pid, 9)
+
+
+# --- a second user on the host ------------------------------------------------------------
+
+
+def as_nobody(argv: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *argv],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+    )  # fmt: skip
+
+
+@pytest.fixture
+def shared_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A /tmp of the test's own (mode 1777 like /tmp), for this process and its children."""
+    if os.getuid() != 0 or shutil.which("setpriv") is None:
+        if IN_CI:
+            pytest.fail("needs root and setpriv to act as a second user")
+        pytest.skip("needs root and setpriv to act as a second user")
+    path = Path(tempfile.mkdtemp(prefix="orch-shared-tmp-", dir="/tmp"))
+    path.chmod(0o1777)
+    monkeypatch.setattr(tempfile, "tempdir", str(path))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)

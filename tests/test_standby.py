@@ -7,17 +7,12 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
-from tests.conftest import IN_CI, wait_for
+from tests.conftest import as_nobody, wait_for
 from worker.proctl import is_alive
 from worker.spec import ENV_JOB_ID
 from worker.warm import STANDBY, KeeperLink, fingerprint, standby_env, verify_trainer
@@ -136,27 +131,6 @@ while time.time() < deadline:
 """
 
 
-def _as_nobody(argv: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *argv],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-    )  # fmt: skip
-
-
-@pytest.fixture
-def shared_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """A /tmp of the test's own (mode 1777 like /tmp), for this process and its children."""
-    if os.getuid() != 0 or shutil.which("setpriv") is None:
-        if IN_CI:
-            pytest.fail("needs root and setpriv to act as a second user")
-        pytest.skip("needs root and setpriv to act as a second user")
-    path = Path(tempfile.mkdtemp(prefix="orch-shared-tmp-", dir="/tmp"))
-    path.chmod(0o1777)
-    monkeypatch.setattr(tempfile, "tempdir", str(path))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
 def _keeper(job: str, tmp: Path, log: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [sys.executable, STANDBY, job, "0", "30", str(log)],
@@ -177,7 +151,7 @@ def test_a_squatter_binding_every_name_it_sees_gets_nothing_and_the_keeper_is_fo
     link = None
     try:
         wait_for(lambda: (shared_tmp / f"orchestrate-{os.getuid()}").is_dir(), 10)
-        squatter = _as_nobody([sys.executable, "-c", SQUATTER, job, theirs], env)
+        squatter = as_nobody([sys.executable, "-c", SQUATTER, job, theirs], env)
         link = wait_for(lambda: KeeperLink.connect(job, 0, lambda pid, rss: None)[0], 10)
         assert isinstance(link, KeeperLink) and link.keeper_pid == keeper.pid  # the real one
         out, _ = squatter.communicate(timeout=30)
@@ -201,8 +175,8 @@ def test_a_private_directory_made_by_another_user_is_refused_and_nothing_is_sent
     # socket would be.
     base = shared_tmp / f"orchestrate-{os.getuid()}"
     make = "import os, sys; os.makedirs(sys.argv[1] + '/standby', mode=0o777); os.chmod(sys.argv[1], 0o777); os.chmod(sys.argv[1] + '/standby', 0o777)"
-    assert _as_nobody([sys.executable, "-c", make, str(base)], env).wait(10) == 0
-    squatter = _as_nobody(
+    assert as_nobody([sys.executable, "-c", make, str(base)], env).wait(10) == 0
+    squatter = as_nobody(
         [sys.executable, "-c", SQUATTER, job, str(base / "standby" / f"{job}-0.sock")], env
     )
     try:

@@ -5,6 +5,7 @@ the stand-in trainer (no TensorFlow)."""
 from __future__ import annotations
 
 import struct
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -174,3 +175,162 @@ def test_what_a_trainer_prints_cannot_drive_the_terminal(
     shared = tmp_path / "shared" / job_id / "logs" / "worker-0.log"
     copy = home / "jobs" / job_id / "logs" / "worker-0.log"
     assert copy.read_bytes() == shared.read_bytes()
+
+
+def test_the_contact_marks_never_follow_a_link_nor_use_a_directory_another_user_made(
+    shared_tmp: Path,
+) -> None:
+    import os
+
+    from tests.conftest import as_nobody
+    from worker import contact
+    from worker.private_dir import UnsafeDirectory
+
+    target = shared_tmp / "victim"
+    base = shared_tmp / f"orchestrate-{os.getuid()}"
+    # Another user made our directory first (world-writable) and planted a link where the next
+    # agent's mark goes.
+    plant = (
+        "import os, sys; d = sys.argv[1] + '/contact'; os.makedirs(d, mode=0o777); "
+        "os.chmod(sys.argv[1], 0o777); os.chmod(d, 0o777); os.symlink(sys.argv[2], d + '/4242')"
+    )
+    assert as_nobody([sys.executable, "-c", plant, str(base), str(target)], {}).wait(10) == 0
+    contact.touch([4242])
+    assert not target.exists()  # nothing created where the link points
+    with pytest.raises(UnsafeDirectory, match="belongs to uid 65534"):
+        contact.contact_dir()
+    assert contact.contact_age(4242) is None
+    # Our own directory, made as it should be: a link planted in it (by us, say a script of
+    # ours gone wrong) is still not followed.
+    import shutil
+
+    shutil.rmtree(base)
+    contact.touch([1])
+    own = Path(contact.contact_dir())
+    assert (base.stat().st_mode & 0o777, own.stat().st_mode & 0o777) == (0o700, 0o700)
+    (own / "4242").symlink_to(target)
+    contact.touch([4242])
+    assert not target.exists()
+
+
+# --- races between our own commands ------------------------------------------------------------
+
+
+CLAIM = """
+import sys, time
+from pathlib import Path
+from orchestrator.states import JobState
+from orchestrator.job_state import JobStateMachine, SupervisionTaken
+from orchestrator.store import Store
+store = Store(Path(sys.argv[1]))
+machine = JobStateMachine(store, sys.argv[2])
+print("ready", flush=True)
+start = float(sys.stdin.readline())
+time.sleep(max(0.0, start - time.time()))
+try:
+    machine.claim(JobState.LAUNCHING, (int(sys.argv[3]), "me", "here"), (None, ""))
+    print("claimed", flush=True)
+except SupervisionTaken as exc:
+    print("refused", exc, flush=True)
+"""
+
+
+def test_two_supervisors_claiming_one_job_at_once_leave_one(tmp_path: Path) -> None:
+    """Regression: `attach` on a job a launch had just registered gave two supervisors."""
+    import subprocess
+    import time
+
+    from orchestrator.config import load_config
+    from orchestrator.jobs import register_job
+    from orchestrator.store import Store
+    from tests.conftest import REPO
+
+    config = tmp_path / "cluster.toml"
+    config.write_text(fake_job(tmp_path, ["--mode", "ok"]))
+    db = tmp_path / "state.db"
+    store = Store(db)
+    job = register_job(store, load_config(config), str(config))
+    for _ in range(5):
+        procs = [
+            subprocess.Popen([sys.executable, "-c", CLAIM, str(db), job.id, str(1000 + i)],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPO)
+            for i in range(2)
+        ]  # fmt: skip
+        for proc in procs:
+            assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        start = time.time() + 0.2
+        outputs = [proc.communicate(f"{start}\n", timeout=60)[0] for proc in procs]
+        assert sorted(out.split()[0] for out in outputs) == ["claimed", "refused"], outputs
+        refused = next(out for out in outputs if out.startswith("refused"))
+        assert "supervised by pid 100" in refused and "\n" not in refused.strip()
+        store.update_job(job.id, state="pending", supervisor_pid=None, supervisor_ident="")
+    store.close()
+
+
+def test_attach_refuses_a_job_its_launch_is_still_starting(
+    tmp_path: Path, cli: Callable[..., CliResult]
+) -> None:
+    from orchestrator.config import load_config
+    from orchestrator.jobs import register_job
+    from orchestrator.store import Store
+
+    config = tmp_path / "cluster.toml"
+    config.write_text(fake_job(tmp_path, ["--mode", "ok"]))
+    job = register_job(Store(), load_config(config), str(config))  # PENDING: as a launch leaves it
+    result = cli("attach", job.id)
+    assert result.code == 2 and result.err.strip() == (
+        f"error: job {job.id} is pending: its launch is starting it; nothing to attach to"
+    )
+    assert Store().get_job(job.id).supervisor_pid is None  # nothing claimed, nothing started
+
+
+def test_status_does_not_claim_tasks_run_when_everything_was_killed(
+    tmp_path: Path, cli: Callable[..., CliResult], reap_pids: list[int]
+) -> None:
+    """Regression: after the supervisor, agents and trainers were all SIGKILLed, status said
+    `running (supervisor gone)` with tasks `running 2/2`."""
+    import os
+    import signal
+
+    from tests.conftest import job_view
+
+    config = tmp_path / "cluster.toml"
+    config.write_text(fake_job(tmp_path, ["--mode", "sleep"]))
+    job_id = launch_detached(cli, config, reap_pids)
+    job = wait_for(
+        lambda: (
+            (j := job_view(cli, job_id)) and all(t["state"] == "running" for t in j["tasks"]) and j
+        ),
+        60,
+    )
+    assert isinstance(job, dict)
+    for pid in job_processes(job_id) + [job["supervisor"]["pid"]]:
+        os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: not job_processes(job_id), 20)
+    view = job_view(cli, job_id)
+    assert view["supervisor"]["alive"] is False
+    assert [t["unsupervised"] for t in view["tasks"]] == ["gone", "gone"]
+    text = cli("status", job_id).out
+    assert " 0/2 " in text, text  # RUNNING: none confirmed
+    assert text.count("running (agent gone)") == 2, text
+
+
+def test_a_worker_that_fails_on_its_own_after_the_chief_succeeded_is_failed(
+    tmp_path: Path, cli: Callable[..., CliResult]
+) -> None:
+    """Regression: shown `stopped (7)`. The job succeeds (the chief exited 0); the worker's
+    own end is a failure."""
+    from tests.conftest import job_view
+
+    config = tmp_path / "cluster.toml"
+    config.write_text(fake_job(tmp_path, ["--mode", "ok", "--task-1", "after-chief:7"]))
+    # It ends 50 ms after the chief: while the supervisor is deciding the success, before the
+    # stop of the stragglers reaches it.
+    result = cli("launch", str(config), env={"AFTER_CHIEF_DELAY": "0.05"})
+    assert result.code == 0, result
+    job = job_view(cli, cli("status", "--json").out.split('"id": "')[1].split('"')[0])
+    assert job["state"] == "succeeded"
+    assert [(t["state"], t["exit_code"]) for t in job["tasks"]] == [
+        ("succeeded", 0),
+        ("failed", 7),
+    ], job["tasks"]

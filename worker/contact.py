@@ -12,16 +12,19 @@ import contextlib
 import errno
 import os
 import socket
-import tempfile
 import time
 from collections.abc import Iterable
+
+from worker.private_dir import open_private, private_dir
 
 # How long one peer probe may take.
 PEER_PROBE_TIMEOUT = 1.0
 
 
 def contact_dir() -> str:
-    return os.path.join(tempfile.gettempdir(), f"orchestrate-contact-{os.getuid()}")
+    """This user's private directory for the marks (made 0700, owner and mode checked: another
+    user may have made it first, or planted links in it; UnsafeDirectory then)."""
+    return private_dir("contact")
 
 
 def contact_path(agent_pid: int) -> str:
@@ -30,23 +33,21 @@ def contact_path(agent_pid: int) -> str:
 
 def touch(agent_pids: Iterable[int]) -> None:
     """The coordinator reached this host just now (best effort: never fails a read)."""
-    pids = list(agent_pids)
-    if not pids:
-        return
-    with contextlib.suppress(OSError):
-        os.makedirs(contact_dir(), mode=0o700, exist_ok=True)
-    for pid in pids:
+    for pid in agent_pids:
         with contextlib.suppress(OSError, ValueError):
-            path = contact_path(pid)
-            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
-            os.utime(path)
+            # Opened without following a link, then touched through the descriptor.
+            fd = open_private(contact_path(pid), os.O_WRONLY | os.O_CREAT)
+            try:
+                os.utime(fd)
+            finally:
+                os.close(fd)
 
 
 def contact_age(agent_pid: int) -> float | None:
     """Seconds since the coordinator last reached this agent's host; None: never (a local
-    job, or not yet)."""
+    job, or not yet). Both times are this host's clock."""
     try:
-        return time.time() - os.stat(contact_path(agent_pid)).st_mtime
+        return time.time() - os.stat(contact_path(agent_pid), follow_symlinks=False).st_mtime
     except OSError:
         return None
 
