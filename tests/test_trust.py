@@ -304,7 +304,7 @@ def test_status_does_not_claim_tasks_run_when_everything_was_killed(
         60,
     )
     assert isinstance(job, dict)
-    for pid in job_processes(job_id) + [job["supervisor"]["pid"]]:
+    for pid in [*job_processes(job_id), job["supervisor"]["pid"]]:
         os.kill(pid, signal.SIGKILL)
     wait_for(lambda: not job_processes(job_id), 20)
     view = job_view(cli, job_id)
