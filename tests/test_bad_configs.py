@@ -30,6 +30,9 @@ LAUNCHED = (
     "hosts_differ_in_case",
     "shared_dir_is_file",
     "env_nul_value",
+    "python_with_option",
+    "shared_dir_too_long",
+    "heartbeat_interval_not_below_timeout",
 )
 
 GOOD_HEAD = """

@@ -20,9 +20,12 @@ from orchestrator.config.values import (
     MAX_PORT,
     MAX_RESTARTS,
     MAX_SECONDS,
+    Argv,
     HostAddress,
+    Interpreter,
     Label,
     UserName,
+    _check_path,
     show,
 )
 
@@ -34,7 +37,7 @@ class _Model(BaseModel):
 
 
 # Paths come from TOML as strings.
-ConfigPath = Annotated[Path, Strict(False)]
+ConfigPath = Annotated[Path, Strict(False), AfterValidator(_check_path)]
 Seconds = Annotated[float, Field(le=MAX_SECONDS)]
 
 PER_GPU = "per_gpu"
@@ -98,7 +101,7 @@ class LocalBackend(_Model):
     # Tasks on this machine, or "per_gpu": one per GPU (per gpus_per_task GPUs) found here.
     workers: TaskCount
     # Interpreter that runs the agent and trainer; default: the coordinator's own.
-    python: str | None = None
+    python: Interpreter | None = None
     # GPUs per task: each task sees only its own (CUDA_VISIBLE_DEVICES); unset: not assigned.
     gpus_per_task: GpusPerTask | None = None
 
@@ -111,14 +114,14 @@ class SshHost(_Model):
     user: UserName | None = None
     port: Annotated[int, Field(ge=1, le=MAX_PORT)] | None = None
     identity_file: ConfigPath | None = None
-    python: str | None = None
+    python: Interpreter | None = None
     # Tasks on this host (one per device group); each gets its own port. "per_gpu": one per
     # GPU (per gpus_per_task GPUs) the host has, counted at launch.
     slots: TaskCount = 1
     # GPUs per task on this host (default: backend.gpus_per_task); unset: not assigned.
     gpus_per_task: GpusPerTask | None = None
     # Commands (argv lists) run once on this host before its agents start.
-    setup: list[list[str]] = []
+    setup: list[Argv] = []
     # A standby host: no task runs here until it replaces a lost or failing host.
     spare: bool = False
 
@@ -135,7 +138,7 @@ class SshBackend(_Model):
     user: UserName | None = None
     port: Annotated[int, Field(ge=1, le=MAX_PORT)] | None = None
     identity_file: ConfigPath | None = None
-    python: str = "python3"
+    python: Interpreter = "python3"
     # Host keys are checked strictly against this file (default: ~/.ssh/known_hosts).
     known_hosts: ConfigPath | None = None
     # Opt-in: accept and record the key of a host not yet in known_hosts. A changed key is
@@ -198,9 +201,9 @@ class SlurmBackend(_Model):
     sbatch_args: list[str] = []
     # Commands (argv lists) run on every node, in order, before its tasks start: at the first
     # step of each allocation (again after a requeue, which may land on other nodes).
-    setup: list[list[str]] = []
+    setup: list[Argv] = []
     # Interpreter on the nodes that has the worker package and TensorFlow.
-    python: str = "python3"
+    python: Interpreter = "python3"
     # Seconds before the allocation ends (time limit) at which Slurm signals the tasks
     # (sbatch --signal=TERM@N): they checkpoint at the epoch boundary, then the job is requeued.
     signal_before_end: Annotated[int, Field(ge=10, le=3600)] = 120
@@ -227,7 +230,7 @@ class SupervisionSection(_Model):
     # SIGTERM, then this many seconds, then SIGKILL.
     stop_grace: Annotated[Seconds, Field(ge=0)] = 10.0
     # How often the supervisor decides; a host reports a death or a new state at once.
-    poll_interval: Annotated[float, Field(gt=0, le=10)] = 0.2
+    poll_interval: Annotated[float, Field(ge=0.01, le=10)] = 0.2
     # A host with nothing urgent to report answers after this many seconds, carrying log
     # lines, heartbeats and progress: a quiet host costs one round trip per keep-alive.
     keepalive: Annotated[float, Field(gt=0, le=60)] = 1.0

@@ -88,6 +88,19 @@ def check_semantics(config: ClusterConfig, source: str) -> None:
         )
     _check_exec_size(config.entrypoint, source)
     _check_keepalive(config, source)
+    _check_heartbeat(config, source)
+
+
+def _check_heartbeat(config: ClusterConfig, source: str) -> None:
+    """An agent writes a heartbeat every heartbeat_interval: one not below heartbeat_timeout
+    makes every healthy task look silent."""
+    sup = config.supervision
+    if sup.heartbeat_interval >= sup.heartbeat_timeout:
+        raise ConfigError(
+            f"{source}: supervision.heartbeat_interval: {sup.heartbeat_interval:g}s must be less "
+            f"than supervision.heartbeat_timeout ({sup.heartbeat_timeout:g}s), or every task "
+            "would look silent"
+        )
 
 
 def _check_keepalive(config: ClusterConfig, source: str) -> None:

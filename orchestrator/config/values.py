@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from pathlib import Path
 from typing import Annotated
 
 from pydantic import AfterValidator, Field
@@ -129,6 +130,30 @@ def _check_label(label: str) -> str:
     raise ValueError(f"must be printable, without control characters: {show(label)}")
 
 
+MAX_PATH = 1024  # characters of a path in cluster.toml (Linux's PATH_MAX is 4096 bytes)
+MAX_NAME = 255  # bytes of one path component (NAME_MAX)
+
+
+def _check_path(path: Path) -> Path:
+    text = str(path)
+    if not text.isprintable():  # newlines, escapes, bidi overrides: printed raw otherwise
+        raise ValueError(f"must be printable, without control characters: {show(text)}")
+    if len(text) > MAX_PATH:
+        raise ValueError(f"a path of at most {MAX_PATH} characters (got {len(text)})")
+    for part in path.parts:
+        if len(part.encode()) > MAX_NAME:
+            raise ValueError(f"each part of the path at most {MAX_NAME} bytes: {show(part)}")
+    return path
+
+
+def _check_interpreter(python: str) -> str:
+    if not python or not python.isprintable() or any(c.isspace() for c in python):
+        raise ValueError(
+            f"must be one executable (a name or a path), not a command line: {show(python)}"
+        )
+    return python
+
+
 def oneline(what: BaseException | str) -> str:
     """A message on one line: whitespace runs (newlines too) made one space, the rest escaped."""
     return printable(" ".join(str(what).split()))
@@ -144,7 +169,7 @@ def key_path(loc: tuple[int | str, ...]) -> str:
             parts.append(f"[{item}]")
         else:
             # A key of control characters or spaces is shown quoted and escaped.
-            name = item if _PLAIN_KEY.fullmatch(item) else show(item)
+            name = item if _PLAIN_KEY.fullmatch(item) and len(item) <= 60 else show(item)
             parts.append(("." if parts else "") + name)
     return "".join(parts)
 
@@ -152,3 +177,12 @@ def key_path(loc: tuple[int | str, ...]) -> str:
 HostAddress = Annotated[str, Field(min_length=1), AfterValidator(_check_address)]
 UserName = Annotated[str, AfterValidator(_check_user)]
 Label = Annotated[str, Field(min_length=1, max_length=64), AfterValidator(_check_label)]
+Interpreter = Annotated[str, AfterValidator(_check_interpreter)]
+# A command run on a host: an argv list whose program is named.
+Argv = Annotated[list[str], AfterValidator(lambda argv: _check_argv(argv))]
+
+
+def _check_argv(argv: list[str]) -> list[str]:
+    if not argv or not argv[0]:
+        raise ValueError(f"an argv list whose first item is the program (got {show(argv)})")
+    return argv
