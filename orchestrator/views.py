@@ -354,14 +354,21 @@ def render_dry_run(cfg: ClusterConfig) -> None:
     if cfg.backend.type == "slurm":
         import shlex
 
-        from orchestrator.backends.slurm_commands import sbatch_argv, srun_argv
+        from orchestrator.backends.slurm_commands import (
+            literal_for_pattern,
+            sbatch_argv,
+            srun_argv,
+        )
 
         job_dir = f"{cfg.job.shared_dir}/<job>"
+        pattern_dir = literal_for_pattern(job_dir)
         _write("(nodes are named by Slurm when the allocation runs)")
         _write("allocation: " + shlex.join(
-            sbatch_argv(cfg, "<job>", f"{job_dir}/slurm/batch-%j.out", f"{job_dir}/slurm/release")
+            sbatch_argv(
+                cfg, "<job>", f"{pattern_dir}/slurm/batch-%j.out", f"{job_dir}/slurm/release"
+            )
         ))  # fmt: skip
         _write("each attempt: " + shlex.join(
             srun_argv(cfg, "<slurm job>", 0, f"{job_dir}/slurm/attempt-0",
-                      f"{job_dir}/tasks/%t/agent.log", cfg.backend.python)
+                      f"{pattern_dir}/tasks/%t/agent.log", cfg.backend.python)
         ))  # fmt: skip

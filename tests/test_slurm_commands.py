@@ -15,7 +15,7 @@ from orchestrator.backends.slurm_allocation import AllocationEnded
 from orchestrator.backends.slurm_commands import (
     AllocationView,
     SlurmState,
-    expand_nodelist,
+    literal_for_pattern,
     refusal_key,
     refusal_reason,
     sbatch_argv,
@@ -61,15 +61,40 @@ def test_a_slurm_section_is_read_with_defaults(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
+    "arg", ["--constraint=ib", "-C", "--mem=0", "-wnode1", "-vC", "--time-min=5"]
+)
+def test_sbatch_options_that_are_not_ours_pass(tmp_path: Path, arg: str) -> None:
+    cfg = slurm_config(tmp_path, f'sbatch_args = ["{arg}"]')
+    assert arg in sbatch_argv(cfg, "j", "/o", "/r")
+
+
+def test_a_percent_in_the_shared_dir_is_literal_in_slurms_output_patterns() -> None:
+    assert literal_for_pattern("/shared/100%/x") == "/shared/100%%/x"
+
+
+@pytest.mark.parametrize(
     ("backend", "extra", "message"),
     [
         ('time = "ten minutes"', "", "backend.time"),
         ('partition = "a b"', "", "backend.partition"),
         ('gres = "gpu:"', "", "backend.gres"),
         ("nodes_typo = 3", "", "backend.nodes_typo"),
-        ('sbatch_args = ["--nodes=4"]', "", "backend.sbatch_args[0]: '--nodes': use backend.nodes"),
-        ('sbatch_args = ["-p", "x"]', "", "backend.sbatch_args[0]: '-p': use backend.partition"),
-        ('sbatch_args = ["--wrap=x"]', "", "'--wrap': orchestrate sets it"),
+        ('sbatch_args = ["--nodes=4"]', "", "sbatch_args[0]: '--nodes=4' is sbatch's --nodes: use"),
+        (
+            'sbatch_args = ["-p", "x"]',
+            "",
+            "backend.sbatch_args[0]: '-p' is sbatch's -p: use backend",
+        ),
+        ('sbatch_args = ["--wrap=x"]', "", "is sbatch's --wrap: orchestrate sets it"),
+        # sbatch reads a long option by any unique prefix, and short ones clustered or with
+        # their value attached: each of these is one of ours.
+        ('sbatch_args = ["--wra=x"]', "", "'--wra=x' is sbatch's --wrap: orchestrate sets it"),
+        ('sbatch_args = ["--outp=/x"]', "", "'--outp=/x' is sbatch's --output"),
+        ('sbatch_args = ["--chd=/"]', "", "'--chd=/' is sbatch's --chdir"),
+        ('sbatch_args = ["-o/path"]', "", "'-o/path' is sbatch's -o"),
+        ('sbatch_args = ["-Jname"]', "", "'-Jname' is sbatch's -J"),
+        ('sbatch_args = ["-vJname"]', "", "'-vJname' is sbatch's -J"),
+        ('sbatch_args = ["--nod=2"]', "", "'--nod=2' is sbatch's --nodes: use backend.nodes"),
         ('sbatch_args = ["constraint=ib"]', "", "backend.sbatch_args[0]: 'constraint=ib' is not"),
         ("signal_before_end = 5", "", "backend.signal_before_end"),
         ("", "[ports]\nbase = 7000", "ports.base: the Slurm backend has each task pick"),
@@ -131,12 +156,6 @@ def test_the_srun_line_starts_one_task_per_worker_in_the_allocation(tmp_path: Pa
 )  # fmt: skip
 def test_slurm_durations(text: str, seconds: float | None) -> None:
     assert slurm_seconds(text) == seconds
-
-
-def test_node_lists_expand_in_order() -> None:
-    assert expand_nodelist("n[0-2]") == ["n0", "n1", "n2"]
-    assert expand_nodelist("gpu[08-10,12],login1") == ["gpu08", "gpu09", "gpu10", "gpu12", "login1"]
-    assert expand_nodelist("a1,b2") == ["a1", "b2"]
 
 
 def test_squeue_lines_and_states() -> None:

@@ -28,7 +28,7 @@ from orchestrator.backends.slurm_allocation import (
     run_slurm,
     submit,
 )
-from orchestrator.backends.slurm_commands import SlurmState, srun_argv
+from orchestrator.backends.slurm_commands import SlurmState, literal_for_pattern, srun_argv
 from orchestrator.config import ClusterConfig, SlurmBackend
 from orchestrator.errors import LaunchError, OrchestrateError, TransportError
 from orchestrator.plan import slurm_node_label
@@ -288,7 +288,7 @@ class SlurmHosts:
             (step_dir / "setup.json").write_text(json.dumps(backend.setup))
         argv = srun_argv(
             config, self.allocation.id, attempt, str(step_dir),
-            str(Path(layout.root) / "tasks" / "%t" / "agent.log"), backend.python,
+            literal_for_pattern(str(Path(layout.root) / "tasks")) + "/%t/agent.log", backend.python,
         )  # fmt: skip
         with open(step_dir / "srun.log", "ab") as log:
             proc = subprocess.Popen(

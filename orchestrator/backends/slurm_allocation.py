@@ -14,6 +14,7 @@ from orchestrator.backends.slurm_commands import (
     SQUEUE_FORMAT,
     AllocationView,
     SlurmState,
+    literal_for_pattern,
     refusal_key,
     refusal_reason,
     sbatch_argv,
@@ -155,7 +156,8 @@ def submit(config: ClusterConfig, job_id: str, layout: JobLayout) -> Allocation:
     """Submit the allocation; its batch output and release file live in the job's directory."""
     slurm_dir = Path(layout.root) / "slurm"
     slurm_dir.mkdir(parents=True, exist_ok=True)
-    output, release = str(slurm_dir / "batch-%j.out"), str(slurm_dir / "release")
+    output = literal_for_pattern(str(slurm_dir)) + "/batch-%j.out"
+    release = str(slurm_dir / "release")
     out = run_slurm(sbatch_argv(config, job_id, output, release))
     slurm_job = out.stdout.strip().split(";")[0]
     if out.returncode != 0 or not slurm_job.isdigit():

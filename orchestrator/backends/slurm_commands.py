@@ -116,21 +116,10 @@ def slurm_seconds(text: str) -> float | None:
     return float((parts[0] * 60 + parts[1]) * 60 + parts[2])  # HH:MM:SS
 
 
-def expand_nodelist(nodelist: str) -> list[str]:
-    """Slurm's compressed node list ("n[0-2,5],gpu7") as names, in order."""
-    names: list[str] = []
-    for part in re.findall(r"[^,\[]+(?:\[[^\]]*\])?[^,]*", nodelist):
-        match = re.fullmatch(r"([^\[]*)\[([^\]]*)\](.*)", part)
-        if not match:
-            names.append(part)
-            continue
-        prefix, ranges, suffix = match.groups()
-        for item in ranges.split(","):
-            low, _, high = item.partition("-")
-            width = len(low)
-            for n in range(int(low), int(high or low) + 1):
-                names.append(f"{prefix}{n:0{width}d}{suffix}")
-    return names
+def literal_for_pattern(path: str) -> str:
+    """A path as Slurm's --output reads it literally: `%` starts a filename pattern (%j, %t),
+    `%%` is a percent sign."""
+    return path.replace("%", "%%")
 
 
 def sbatch_argv(

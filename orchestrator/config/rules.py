@@ -160,18 +160,44 @@ _SBATCH_MANAGED = {
 }  # fmt: skip
 
 
+# sbatch's short options that take no value (getopt: they may be clustered, `-vQ`); any other
+# short option takes the rest of the word as its value (`-o/path`, `-Jname`).
+_SBATCH_FLAGS = frozenset("hHIkOQsuvVW")
+
+
+def managed_sbatch_option(arg: str) -> str | None:
+    """The option of ours that `arg` spells, read as sbatch (getopt_long) reads it: a long
+    option by any prefix (`--outp=` is --output), short options clustered or with their value
+    attached (`-vo/path` is -o). None: not one of ours."""
+    if arg.startswith("--"):
+        name = arg[2:].split("=", 1)[0]
+        if not name:
+            return None
+        ours = [o for o in _SBATCH_MANAGED if o.startswith("--") and o[2:].startswith(name)]
+        exact = f"--{name}"
+        return exact if exact in _SBATCH_MANAGED else (ours[0] if ours else None)
+    for char in arg[1:]:
+        if f"-{char}" in _SBATCH_MANAGED:
+            return f"-{char}"
+        if char not in _SBATCH_FLAGS:
+            return None  # an option of its own whose value is the rest of the word
+    return None
+
+
 def _check_slurm(config: ClusterConfig, backend: SlurmBackend, source: str) -> None:
     for i, arg in enumerate(backend.sbatch_args):
-        name = arg.split("=", 1)[0]
         if not arg.startswith("-"):
             raise ConfigError(
                 f"{source}: backend.sbatch_args[{i}]: {show(arg)} is not an option; give each "
                 'option with its value, e.g. "--constraint=ib"'
             )
-        if name in _SBATCH_MANAGED:
+        name = managed_sbatch_option(arg)
+        if name is not None:
             key = _SBATCH_MANAGED[name]
             instead = f"use backend.{key}" if key else "orchestrate sets it"
-            raise ConfigError(f"{source}: backend.sbatch_args[{i}]: {show(name)}: {instead}")
+            raise ConfigError(
+                f"{source}: backend.sbatch_args[{i}]: {show(arg)} is sbatch's {name}: {instead}"
+            )
     if config.ports.base:
         raise ConfigError(
             f"{source}: ports.base: the Slurm backend has each task pick a port free on its "
