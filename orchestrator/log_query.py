@@ -44,24 +44,69 @@ def parse_tasks(text: str, count: int) -> list[int]:
             raise UsageError(f"--task {text!r}: give task indexes like 0,2 or 1-3")
         first = int(match.group(1))
         last = int(match.group(2)) if match.group(2) else first
+        if first > last:
+            raise UsageError(f"--task {text!r}: {first}-{last} is empty (give the low end first)")
+        if last >= count:  # checked before anything is built from it: 0-99999999999 is refused
+            raise UsageError(
+                f"--task {text!r}: no task {max(first, count)} (tasks: 0..{count - 1})"
+                if count
+                else f"--task {text!r}: the job has no tasks"
+            )
         chosen.update(range(first, last + 1))
-    missing = sorted(i for i in chosen if not 0 <= i < count)
-    if missing:
-        raise UsageError(
-            f"--task {text!r}: no task {missing[0]} (tasks: 0..{count - 1})"
-            if count
-            else f"--task {text!r}: the job has no tasks"
-        )
     return sorted(chosen)
 
 
-def parse_grep(pattern: str | None) -> re.Pattern[str] | None:
-    if pattern is None:
-        return None
-    try:
-        return re.compile(pattern)
-    except re.error as exc:
-        raise UsageError(f"--grep {pattern!r}: not a regular expression: {exc}") from None
+GREP_BUDGET = 10.0  # seconds a --grep pattern may spend on one batch of lines
+
+# Python's re backtracks: a pattern like (a+)+$ takes exponential time on some lines, and a
+# running match cannot be interrupted. So lines are matched in a child process that is killed
+# when it runs past the budget.
+_GREP_CHILD = """
+import json, re, sys
+pattern = re.compile(sys.argv[1])
+texts = json.load(sys.stdin)
+sys.stdout.write(json.dumps([i for i, t in enumerate(texts) if pattern.search(t)]))
+"""
+
+
+class Grep:
+    """A user's --grep pattern, matched within GREP_BUDGET seconds a batch."""
+
+    def __init__(self, pattern: str) -> None:
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise UsageError(f"--grep {pattern!r}: not a regular expression: {exc}") from None
+        self.pattern = pattern
+
+    def matching(self, texts: list[str]) -> set[int]:
+        """Indexes of the texts the pattern matches."""
+        if not texts:
+            return set()
+        import json
+        import subprocess
+        import sys
+
+        try:
+            out = subprocess.run(
+                [sys.executable, "-c", _GREP_CHILD, self.pattern],
+                input=json.dumps(texts),
+                capture_output=True,
+                text=True,
+                timeout=GREP_BUDGET,
+                check=True,
+            )
+        except subprocess.TimeoutExpired:
+            raise UsageError(
+                f"--grep {self.pattern!r}: matching took over {GREP_BUDGET:g}s for "
+                f"{len(texts)} line(s) and was stopped; the pattern backtracks (nested "
+                "repetition like (a+)+): simplify it"
+            ) from None
+        return set(json.loads(out.stdout))
+
+
+def parse_grep(pattern: str | None) -> Grep | None:
+    return None if pattern is None else Grep(pattern)
 
 
 def stamp(ts: float | None) -> str:
@@ -136,14 +181,11 @@ class TimedLog:
         return self._marks[0][1] if self._marks else None
 
 
-def select(
-    lines: list[LogLine], since: float | None, pattern: re.Pattern[str] | None
-) -> list[LogLine]:
+def select(lines: list[LogLine], since: float | None, pattern: Grep | None) -> list[LogLine]:
     """Lines at or after `since` (a line of unknown time is left out when one is given) that
     match `pattern`."""
-    return [
-        ln
-        for ln in lines
-        if (since is None or (ln.ts is not None and ln.ts >= since))
-        and (pattern is None or pattern.search(ln.text))
-    ]
+    recent = [ln for ln in lines if since is None or (ln.ts is not None and ln.ts >= since)]
+    if pattern is None:
+        return recent
+    hits = pattern.matching([ln.text for ln in recent])
+    return [ln for i, ln in enumerate(recent) if i in hits]

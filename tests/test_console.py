@@ -19,7 +19,7 @@ import pytest
 
 from orchestrator.console import LineFolder, PhaseClock, activity, fold_label
 from orchestrator.errors import UsageError
-from orchestrator.log_query import TimedLog, parse_since, parse_tasks, select, stamp
+from orchestrator.log_query import Grep, TimedLog, parse_since, parse_tasks, select, stamp
 from orchestrator.logstream import LineSink
 from orchestrator.states import TaskState
 from orchestrator.store import TaskRecord
@@ -127,7 +127,7 @@ def test_the_durable_copy_stays_byte_identical_and_its_lines_get_their_arrival_t
     stamps = [ln.ts for ln in lines]
     assert all(ts is not None and before - 0.001 <= ts <= now + 0.001 for ts in stamps)  # order:
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", stamp(lines[0].ts))
-    assert select(lines, None, re.compile("ir")) == [lines[0], lines[2]]
+    assert select(lines, None, Grep("ir")) == [lines[0], lines[2]]
     assert select(lines, time.time() + 1, None) == []
 
 

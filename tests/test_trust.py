@@ -334,3 +334,38 @@ def test_a_worker_that_fails_on_its_own_after_the_chief_succeeded_is_failed(
         ("succeeded", 0),
         ("failed", 7),
     ], job["tasks"]
+
+
+# --- logs: what a user asks must not hang the command --------------------------------------------
+
+
+def test_a_backtracking_grep_is_stopped_and_said(
+    tmp_path: Path, cli: Callable[..., CliResult], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression: `logs --grep '(a+)+$'` ran for 20 s on one 31-character line."""
+    import time
+
+    from orchestrator import log_query
+
+    monkeypatch.setattr(log_query, "GREP_BUDGET", 1.0)
+    grep = log_query.Grep("(a+)+$")
+    started = time.monotonic()
+    with pytest.raises(log_query.UsageError, match=r"matching took over 1s .* simplify it"):
+        grep.matching(["a" * 40 + "!"])
+    assert time.monotonic() - started < 30  # order: stopped long before the match would end
+    assert log_query.Grep("a+$").matching(["xaa", "b"]) == {0}
+
+
+def test_a_task_range_beyond_the_job_is_refused_before_it_is_built(
+    tmp_path: Path, cli: Callable[..., CliResult]
+) -> None:
+    """Regression: `logs --task 0-99999999999` ran out of memory."""
+    config = tmp_path / "cluster.toml"
+    config.write_text(fake_job(tmp_path, ["--mode", "ok"]))
+    assert cli("launch", str(config)).code == 0
+    job_id = cli("status", "--json").out.split('"id": "')[1].split('"')[0]
+    for spec, said in (("0-99999999999", "no task 2 (tasks: 0..1)"),
+                       ("1-0", "1-0 is empty"), ("5", "no task 5")):  # fmt: skip
+        result = cli("logs", job_id, "--task", spec, timeout=30)
+        assert result.code == 2 and said in result.err and len(result.err.splitlines()) == 1
+    assert "[worker-1 local]" in cli("logs", job_id, "--task", "0-1").out
