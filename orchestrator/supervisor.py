@@ -43,6 +43,7 @@ from orchestrator.store import JobRecord, Store
 from orchestrator.stragglers import StragglerWatch
 from orchestrator.tick import Group, Tick, Watch
 from worker.proctl import identity, not_nested
+from worker.spec import AgentState, Phase
 
 
 class Supervisor:
@@ -270,6 +271,14 @@ class Supervisor:
     def _judge_stragglers(self, stragglers: StragglerWatch, group: Group, watch: Watch) -> None:
         """A warning (event, console line and `status` column) when a task holds the group
         back, and when it no longer does; never a failure."""
+        # Evidence only while every task trains: in the first seconds, and in the last ones
+        # (the chief saving, or gone), the shares of waiting say nothing about a straggler.
+        training = list(watch.status.values())
+        if len(training) < len(group.plan.tasks) or not all(
+            s is not None and s.state == AgentState.RUNNING and s.progress.phase == Phase.TRAINING
+            for s in training
+        ):
+            return
         resources = {i: s.resources if s else None for i, s in watch.status.items()}
         hosts = {t.index: t.host_index for t in group.plan.tasks}
         changes = stragglers.judge(time.monotonic(), resources, hosts)

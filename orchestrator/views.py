@@ -104,6 +104,13 @@ def job_view(job: JobRecord, tasks: list[TaskRecord], now: float) -> dict[str, A
     }
 
 
+def _epoch_cell(task: dict[str, Any]) -> str:
+    """Epoch of total; '-' where no epoch was reported (a custom loop: epochs are its own)."""
+    if not task["epoch"]:
+        return "-"
+    return f"{task['epoch']}/{task['total_epochs']}" if task["total_epochs"] else str(task["epoch"])
+
+
 def _unsupervised_cell(seen: str | None) -> str:
     return {
         None: "",
@@ -216,7 +223,7 @@ def render_status(views: list[dict[str, Any]], detailed: bool) -> None:
                 + _unsupervised_cell(t["unsupervised"]),
                 t["phase"] or "-",
                 str(t["pid"] or "-"),
-                f"{t['epoch']}/{t['total_epochs']}" if t["total_epochs"] else str(t["epoch"]),
+                _epoch_cell(t),
                 _step_cell(t),
                 "-" if t["loss"] is None else f"{t['loss']:.4f}",
                 "-" if t["steps_per_sec"] is None else f"{t['steps_per_sec']:.1f}",

@@ -96,6 +96,11 @@ def test_a_plain_fit_script_reports_progress_outlives_the_deadline_and_checkpoin
     restart = next(e["message"] for e in job["events"] if e["kind"] == "restart")
     assert "preempted: restart not counted" in restart and "exited with code 43" in restart
     assert all(t["initial_epoch"] > 0 for t in job["tasks"])  # the script's own checkpoint
+    # One step count across the resume: the chief ran every step of 40 epochs of 28, the
+    # epochs before the preemption counted from its checkpoint (not only this attempt's).
+    chief = job["tasks"][0]
+    assert chief["step"] == 40 * 28, chief
+    assert chief["phase"] == "finished"
     log = (tmp_path / "shared" / job_id / "logs" / "worker-1.log").read_text()
     assert re.search(r"preempted: checkpointed epoch \d+, exiting with 43", log)
     # Worker 1 either finishes, or (when the chief exits first and its last collective finds
@@ -131,7 +136,19 @@ def test_a_plain_custom_loop_reports_steps_and_outlives_the_deadline(
     job = wait_for_end(cli, job_id, timeout=300)
     assert job["state"] == "succeeded", job["last_cause"]
     assert job["restarts"] == 0 and job["wall_seconds"] > 40  # it did outlive the deadline
-    assert all(t["step"] > 1000 for t in job["tasks"])
+    # The last count is read at the end: both workers ran 1,500 steps in lockstep; the loop
+    # reported no epoch (shown '-'), and it is over (not `training`).
+    assert [(t["step"], t["epoch"], t["phase"]) for t in job["tasks"]] == [
+        (1500, 0, "finished"),
+        (1500, 0, "finished"),
+    ], job["tasks"]
+    text = cli("status", job_id).out.splitlines()
+    column = next(ln for ln in text if ln.startswith("TASK")).index("EPOCH")
+    epochs = [ln[column:].split()[0] for ln in text if ln.startswith("worker-")]
+    assert epochs == ["-", "-"], text
+    # The last seconds (the chief saving, then gone) are not evidence of a straggler.
+    assert not [e for e in job["events"] if e["kind"] == "straggler"], job["events"]
+    assert all(t["straggler"] is None for t in job["tasks"])
     wait_for(lambda: not job_processes(job_id), 10)
 
 

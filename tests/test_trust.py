@@ -4,6 +4,7 @@ the stand-in trainer (no TensorFlow)."""
 
 from __future__ import annotations
 
+import re
 import struct
 import sys
 from collections.abc import Callable
@@ -124,6 +125,9 @@ def test_garbage_progress_and_a_60_mb_line_neither_crash_nor_bloat_the_superviso
     assert peak < 150, peak
     shared = tmp_path / "shared" / job_id / "logs" / "worker-0.log"
     assert copy.read_bytes() == shared.read_bytes()  # the durable copy: byte for byte
+    # The megabyte progress file was not read whole, and the agent said so.
+    agent_log = (tmp_path / "shared" / job_id / "tasks" / "0" / "agent.log").read_text()
+    assert "progress.json is over 65536 bytes: ignored while it is" in agent_log, agent_log
     assert job_processes(job_id) == []
 
 
@@ -369,3 +373,139 @@ def test_a_task_range_beyond_the_job_is_refused_before_it_is_built(
         result = cli("logs", job_id, "--task", spec, timeout=30)
         assert result.code == 2 and said in result.err and len(result.err.splitlines()) == 1
     assert "[worker-1 local]" in cli("logs", job_id, "--task", "0-1").out
+
+
+def test_the_users_own_tf_use_legacy_keras_is_respected() -> None:
+    """tf-keras (TF_USE_LEGACY_KERAS=1) is the default: Keras 3's fit fails under MWMS; a value
+    in [entrypoint].env is the user's, and stands."""
+    from worker.agent import trainer_env
+    from worker.spec import WorkerSpec
+
+    def spec(env: dict[str, str]) -> WorkerSpec:
+        return WorkerSpec(job_id="j", task_index=0, host_label="h", tf_config={},
+                          argv=["python"], env=env, workdir="/", shared_dir="/s")  # fmt: skip
+
+    assert trainer_env(spec({}))["TF_USE_LEGACY_KERAS"] == "1"
+    assert trainer_env(spec({"TF_USE_LEGACY_KERAS": "0"}))["TF_USE_LEGACY_KERAS"] == "0"
+
+
+def _garbage(rng: object, depth: int = 0) -> object:
+    import random
+
+    assert isinstance(rng, random.Random)
+    kinds = ["int", "big", "neg", "float", "nan", "inf", "str", "bool", "none"]
+    if depth < 3:
+        kinds += ["list", "dict"]
+    kind = rng.choice(kinds)
+    if kind == "int":
+        return rng.randint(0, 10**6)
+    if kind == "big":
+        return rng.randint(2**63, 2**200)
+    if kind == "neg":
+        return -rng.randint(1, 2**70)
+    if kind == "float":
+        return rng.uniform(-1e308, 1e308)
+    if kind == "nan":
+        return float("nan")
+    if kind == "inf":
+        return rng.choice([float("inf"), float("-inf")])
+    if kind == "str":
+        return "".join(chr(rng.randint(0, 0x2FFF)) for _ in range(rng.randint(0, 20)))
+    if kind == "bool":
+        return rng.random() < 0.5
+    if kind == "none":
+        return None
+    if kind == "list":
+        return [_garbage(rng, depth + 1) for _ in range(rng.randint(0, 4))]
+    keys = ["step", "epoch", "loss", "phase", "metrics", "gpus", "index", "seq", "agent_pid",
+            "state", "trainer_pid", "exit_code", "progress", "resources", "message", "at"]  # fmt: skip
+    return {rng.choice(keys): _garbage(rng, depth + 1) for _ in range(rng.randint(0, 6))}
+
+
+def test_statuses_and_progress_of_garbage_parse_to_bounded_values_or_a_clean_refusal() -> None:
+    """2,000 seeded garbage documents where a status or a progress file is read: each either
+    parses to typed, bounded values that the store takes, or is refused with ValueError."""
+    import json
+    import math
+    import random
+    import sqlite3
+
+    from worker.spec import Progress, TaskStatus
+
+    rng = random.Random(26)
+    db = sqlite3.connect(":memory:")
+    db.execute("CREATE TABLE t (step INTEGER, epoch INTEGER, loss REAL, pid INTEGER, code INTEGER)")
+    parsed = refused = 0
+    for _ in range(2000):
+        doc = _garbage(rng)
+        if rng.random() < 0.5:  # a status of the right shape, garbage inside
+            doc = {
+                "state": "running",
+                "seq": rng.randint(0, 9),
+                "agent_pid": rng.randint(2, 99),
+                **{
+                    k: _garbage(rng, 1)
+                    for k in ("progress", "resources", "trainer_pid", "exit_code", "message")
+                },
+            }
+        raw = json.dumps(doc)
+        try:
+            status = TaskStatus.from_json(raw)
+        except ValueError:
+            refused += 1
+            status = None
+        progress = status.progress if status else Progress.from_dict(doc)
+        for value in (progress.step, progress.epoch, progress.epochs, progress.epoch_step):
+            assert isinstance(value, int) and 0 <= value <= 2**53
+        for real in (progress.loss, progress.steps_per_sec):
+            assert real is None or (isinstance(real, float) and math.isfinite(real))
+        assert all(isinstance(k, str) and math.isfinite(v) for k, v in progress.metrics.items())
+        if status is not None:
+            parsed += 1
+            db.execute(
+                "INSERT INTO t VALUES (?, ?, ?, ?, ?)",
+                (progress.step, progress.epoch, progress.loss, status.trainer_pid,
+                 status.exit_code),
+            )  # fmt: skip
+            assert len(status.message) <= 2000
+    assert parsed > 200 and refused > 200, (parsed, refused)
+
+
+def test_any_bytes_printed_are_escaped_on_a_terminal_and_kept_exactly_in_the_copy(
+    tmp_path: Path,
+) -> None:
+    """Seeded random output, all 256 byte values, lines up to 200 KiB, through the tailer and
+    the sink: the copy equals the input; what a terminal gets has no control character."""
+    import io
+    import random
+
+    from orchestrator.logstream import MAX_LINE, LineSink, LogTailer
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    rng = random.Random(7)
+    data = b"".join(
+        bytes(rng.randint(0, 255) for _ in range(rng.choice([0, 1, 10, 100, 5000])))
+        + b"y" * rng.choice([0, 0, 0, 200_000])
+        + b"\n"
+        for _ in range(300)
+    )
+
+    class Drained:
+        def read_file(self, path: str, offset: int = 0) -> bytes:
+            return b""  # everything was fed already
+
+    tailer = LogTailer(Drained(), "x")  # type: ignore[arg-type]
+    screen = Terminal()
+    sink = LineSink(tmp_path, screen)
+    for start in range(0, len(data), 65_536):
+        sink.task_lines(0, "h", tailer.feed(data[start : start + 65_536]))
+    sink.task_lines(0, "h", tailer.flush())
+    sink.close()
+    assert (tmp_path / "worker-0.log").read_bytes() == data
+    # Our own colour codes around each prefix are the only escapes a terminal may get.
+    shown = re.sub("\x1b\\[[0-9]+m", "", screen.getvalue())
+    assert not [c for c in shown if (ord(c) < 32 and c not in "\n\t") or 0x7F <= ord(c) <= 0x9F]
+    assert max(len(line) for line in shown.splitlines()) < 4 * MAX_LINE + 100

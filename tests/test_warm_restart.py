@@ -89,6 +89,13 @@ def test_a_restart_runs_in_the_standby_and_the_script_sees_a_fresh_start(
             assert seen["cwd"] == cold["cwd"]
         assert (cold["attempt"], warm["attempt"]) == ("0", "1")
         assert not cold["tf_imported"] and warm["tf_imported"]  # the standby had imported it
+        # Every attempt's own lines reach the durable log `orchestrate logs` reads: the failed
+        # attempt's end and the standby's notes too, byte for byte the task's log.
+        copy = tmp_path / "home" / "jobs" / job_id / "logs" / f"worker-{i}.log"
+        assert copy.read_text() == log
+        logs = cli("logs", job_id, "--task", str(i)).out
+        assert "warm standby ready for a restart" in logs
+        assert re.search(r"trainer exited with code -?\d+", logs[: logs.index("attempt 1:")])
 
 
 def test_a_standby_killed_before_the_restart_is_replaced_and_the_restart_is_still_warm(

@@ -100,12 +100,13 @@ def exit_code_of(returncode: int) -> int:
 def trainer_env(spec: WorkerSpec) -> dict[str, str]:
     layout = spec.layout
     env = dict(os.environ)
+    # tf.keras in TF 2.21 is Keras 3, whose fit() fails under MWMS: tf-keras by default; a
+    # value the entrypoint's env gives (TF_USE_LEGACY_KERAS = "0": Keras 3) is the user's.
+    env["TF_USE_LEGACY_KERAS"] = "1"
     env.update(spec.env)
     env.update(
         {
             "TF_CONFIG": json.dumps(spec.tf_config, separators=(",", ":")),
-            # tf.keras in TF 2.21 is Keras 3, whose fit() fails under MWMS; use tf-keras.
-            "TF_USE_LEGACY_KERAS": "1",
             "PYTHONUNBUFFERED": "1",
             ENV_JOB_ID: spec.job_id,
             ENV_JOB_DIR: str(layout.root),
@@ -316,6 +317,11 @@ class Agent:
         if not self._stop_requested.is_set():
             self._stop_requested.set()
             self._stop_deadline = time.monotonic() + self.spec.stop_grace
+        elif signum == signal.SIGTERM and self._trainer is not None:
+            # A second SIGTERM: the grace is over (worker.proctl.stop_group). The trainer goes
+            # now, so that this agent can say how it ended before it is killed too.
+            self._trainer.kill()
+            return
         self._forward_stop()
 
     def _forward_stop(self) -> None:

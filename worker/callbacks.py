@@ -118,6 +118,15 @@ class _ProgressMixin:
             self._scaled = True  # the epoch's logs are true means
         self._flush(force=True, metrics=metrics)
 
+    def _global_step(self) -> int:
+        """Steps of the whole training, the same count before and after a resume: the epochs
+        a restored checkpoint skipped (fit's initial_epoch) count as done when fit knows its
+        steps per epoch. 0 until this attempt's first step."""
+        if not self._step:
+            return 0
+        per_epoch = int((getattr(self, "params", None) or {}).get("steps") or 0)
+        return (self._initial_epoch or 0) * per_epoch + self._step
+
     def _flush(self, force: bool, **extra: Any) -> None:
         now = time.monotonic()
         elapsed = now - self._window_start
@@ -132,7 +141,7 @@ class _ProgressMixin:
                 loss = None
         self.writer.update(
             force=force,
-            step=self._step,
+            step=self._global_step(),
             epoch_step=self._epoch_step,
             loss=loss,
             steps_per_sec=self._steps_per_sec,

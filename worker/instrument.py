@@ -17,6 +17,7 @@ Each hook is wrapped so that a failure in it is reported once and never breaks t
 
 from __future__ import annotations
 
+import atexit
 import functools
 import importlib.abc
 import importlib.machinery
@@ -121,6 +122,7 @@ class Instrumentation:
         self._poller: threading.Thread | None = None
         self._fit_seen = threading.Event()  # Keras fit reports steps itself from then on
         self._stop = threading.Event()
+        self._first_iterations: int | None = None  # the optimizers' count when first read
 
     def finder(self) -> PostImportFinder:
         return PostImportFinder(
@@ -131,6 +133,19 @@ class Instrumentation:
         self._stop.set()
         if self._poller is not None:
             self._poller.join(timeout=2 * OPTIMIZER_POLL_SECONDS)
+
+    def _final_read(self) -> None:
+        """At the script's end: the optimizers' last count (the poller reads every half
+        second, so its last value may be a few steps short), and the training is over."""
+        if self._fit_seen.is_set() or self._poller is None:
+            return
+        self._stop.set()
+        self._poller.join(timeout=2 * OPTIMIZER_POLL_SECONDS)
+        value = self._iterations()
+        if value is not None and value != self._first_iterations:
+            self.writer.update(force=True, step=value, phase=Phase.FINISHED)
+        elif self.writer.current.phase == Phase.TRAINING:
+            self.writer.update(force=True, phase=Phase.FINISHED)
 
     # --- tensorflow -------------------------------------------------------------------
     def _on_tensorflow(self, tf: ModuleType) -> None:
@@ -236,6 +251,8 @@ class Instrumentation:
                 target=self._poll_optimizers, name="orchestrate-progress", daemon=True
             )
             self._poller.start()
+            # Registered now, after TensorFlow's own exit handlers: it runs before them.
+            atexit.register(self._final_read)
 
     def _iterations(self) -> int | None:
         values = []
@@ -247,7 +264,9 @@ class Instrumentation:
         return max(values) if values else None
 
     def _poll_optimizers(self) -> None:
-        """Until Keras fit takes over: steps taken = iterations advanced since first seen."""
+        """Until Keras fit takes over: the optimizers' iterations, which a restored checkpoint
+        restores too, so the count means the same before and after a resume; written only
+        once they advanced from what was first seen (a restored count is not a step taken)."""
         baseline: int | None = None
         last = None
         window_start, window_steps = time.monotonic(), 0
@@ -259,7 +278,7 @@ class Instrumentation:
             if value is None:
                 continue
             if baseline is None:
-                baseline = last = value
+                baseline = last = self._first_iterations = value
                 continue
             if value == last:
                 continue
@@ -273,6 +292,6 @@ class Instrumentation:
                 force=True,
                 phase=Phase.TRAINING,
                 step_signal=StepSignal.OPTIMIZER,
-                step=value - baseline,
+                step=value,
                 steps_per_sec=rate,
             )

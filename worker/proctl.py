@@ -130,26 +130,49 @@ def group_is_ours(pgid: int, ident: str) -> bool:
     return now is None or now == ident
 
 
+# Seconds the leader of a group (an agent) has, once its trainer is killed, to write how it
+# ended before it is killed too.
+LEADER_LAST_WORDS = 1.0
+
+
 def stop_group(pgid: int, grace: float, ident: str = "", poll: float = 0.05) -> bool:
-    """SIGTERM every process of the group, wait up to grace, SIGKILL the rest. True when none
-    is left. pgid must be a session/group leader we started (the agent), recorded as `ident`;
-    a pid that now names someone else's process is never signalled (ours is gone: True)."""
+    """SIGTERM every process of the group, wait up to grace, SIGKILL the rest (the leader
+    last, after LEADER_LAST_WORDS). True when none is left. pgid must be a session/group
+    leader we started (the agent), recorded as `ident`; a pid that now names someone else's
+    process is never signalled (ours is gone: True)."""
     if pgid <= 1:
         raise ValueError(f"refusing to signal process group {pgid}")
 
     def gone() -> bool:
         return not group_is_ours(pgid, ident) or not group_members(pgid)
 
-    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
-        if gone():
-            return True
-        _signal_group(pgid, sig)
-        deadline = time.monotonic() + wait
+    def wait_until_gone(seconds: float) -> bool:
+        deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
             if gone():
                 return True
             time.sleep(poll)
-    return gone()
+        return gone()
+
+    if gone():
+        return True
+    _signal_group(pgid, signal.SIGTERM)
+    if wait_until_gone(grace):
+        return True
+    # Past the grace: the leader's followers (a trainer) are killed, and the leader (the
+    # agent) is told to hurry with a second SIGTERM, so that it ends its own way: its note of
+    # how the trainer ended and its final status reach the log. Then the whole group goes.
+    for pid in group_members(pgid) - {pgid}:
+        if group_is_ours(pgid, ident):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+    if group_is_ours(pgid, ident):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pgid, signal.SIGTERM)
+    if wait_until_gone(LEADER_LAST_WORDS):
+        return True
+    _signal_group(pgid, signal.SIGKILL)
+    return wait_until_gone(5.0)
 
 
 def _environ_has(pid: int, marker: bytes) -> bool:
