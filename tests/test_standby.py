@@ -215,3 +215,20 @@ def test_a_pid_the_keeper_names_is_signalled_only_if_it_is_its_child_of_this_job
         for proc in (child, stranger):
             proc.kill()
             proc.wait()
+
+
+def test_a_second_keeper_for_a_task_says_the_name_is_served_and_leaves(
+    shared_tmp: Path, tmp_path: Path
+) -> None:
+    job = f"two-{os.getpid()}"
+    first = _keeper(job, shared_tmp, tmp_path / "first.log")
+    try:
+        wait_for(lambda: KeeperLink.connect(job, 0, lambda pid, rss: None)[0], 10)
+        second = _keeper(job, shared_tmp, tmp_path / "second.log")
+        assert second.wait(30) == 0
+        said = (tmp_path / "second.log").read_text()
+        assert "[orchestrate] keeper: not started:" in said and "is served already" in said
+        assert first.poll() is None  # the first one serves on
+    finally:
+        first.kill()
+        first.wait()

@@ -509,3 +509,44 @@ def test_any_bytes_printed_are_escaped_on_a_terminal_and_kept_exactly_in_the_cop
     shown = re.sub("\x1b\\[[0-9]+m", "", screen.getvalue())
     assert not [c for c in shown if (ord(c) < 32 and c not in "\n\t") or 0x7F <= ord(c) <= 0x9F]
     assert max(len(line) for line in shown.splitlines()) < 4 * MAX_LINE + 100
+
+
+def test_an_internal_error_while_supervising_leaves_no_task_row_running(
+    tmp_path: Path, cli: Callable[..., CliResult]
+) -> None:
+    """Regression: a value the store refused (SQLite's OverflowError on a trainer's huge step)
+    crashed the supervisor, and the failed job kept a task `running` with a pid long gone."""
+    import textwrap
+
+    from tests.conftest import REPO, job_view
+
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(
+        textwrap.dedent(
+            """
+            import sys
+            if "launch" in sys.orig_argv:
+                from orchestrator.store import Store
+                real = Store.record_round
+                seen = []
+                def refusing(self, job_id, updates, *args, **kwargs):
+                    # Once the tasks train, refuse a round of progress, as SQLite refused a
+                    # trainer's 2**64 step; a stop's own writes (states only) still go in.
+                    if any("heartbeat_at" in v for v in updates.values()):
+                        seen.append(1)
+                        if len(seen) > 3:
+                            raise OverflowError("Python int too large to convert to SQLite INTEGER")
+                    return real(self, job_id, updates, *args, **kwargs)
+                Store.record_round = refusing
+            """
+        )
+    )
+    config = tmp_path / "cluster.toml"
+    config.write_text(fake_job(tmp_path, ["--mode", "sleep"]))
+    result = cli("launch", str(config), env={"PYTHONPATH": f"{hook}:{REPO}"}, timeout=120)
+    assert result.code == 1, result
+    job = job_view(cli, cli("status", "--json").out.split('"id": "')[1].split('"')[0])
+    assert job["state"] == "failed" and "internal error: OverflowError" in job["last_cause"]
+    assert all(t["state"] in ("stopped", "lost") for t in job["tasks"]), job["tasks"]
+    assert job_processes(job["id"]) == []
