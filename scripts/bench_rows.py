@@ -187,14 +187,18 @@ def draw_chart(rows: list[Row], path: Path) -> None:
             return r.target_ratio / r.ratio
         return (r.value or 0.0) / (r.target_value or 1.0)
 
-    fig, ax = plt.subplots(figsize=(8, 0.5 * len(shown) + 1.5))
+    fig, ax = plt.subplots(figsize=(11, 0.5 * len(shown) + 1.5))
     values = [used(r) for r in shown]
     colors = ["tab:green" if r.met else "tab:red" for r in shown]
-    ax.barh([f"{r.id} {r.measurement}" for r in shown], values, color=colors)
+    bars = ax.barh([f"{r.id} {r.measurement}" for r in shown], values, color=colors)
+    for bar, row in zip(bars, shown, strict=True):
+        if row.within_noise:  # the rounds fall on both sides of the target
+            bar.set_hatch("//")
+            bar.set_alpha(0.6)
     ax.axvline(1.0, color="black", linestyle="--", linewidth=1)
     ax.invert_yaxis()
-    ax.set_xlabel("share of the target used (< 1 meets it)")
-    ax.set_title("orchestrate benchmarks against their targets")
+    ax.set_xlabel("share of the target used (< 1 meets it; hatched: rounds on both sides)")
+    ax.set_title("benchmarks against their targets (median of rounds)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
