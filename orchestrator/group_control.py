@@ -39,7 +39,7 @@ from orchestrator.plan import LaunchPlan, StepTask, TaskPlan, step_plan
 from orchestrator.states import TaskState
 from orchestrator.store import Store, TaskRecord
 from orchestrator.tick import Group, Tick, Watch
-from worker.spec import HOST_PROTOCOL
+from worker.spec import HOST_PROTOCOL, WorkerSpec
 
 # A group that failed is broken (MWMS collectives cannot complete): no checkpoint can be taken,
 # and a trainer blocked in a collective ignores SIGTERM anyway. So its tasks get only a moment
@@ -102,14 +102,7 @@ class GroupControl:
                 self.sink.info(UNINSTRUMENTED_NOTICE)
         plan = plan_launch(config, reports, hosts)
         self._report_gpus(reports, plan)
-        specs = make_specs(
-            config,
-            plan,
-            job_id,
-            attempt,
-            self.backend,
-            time.time() - self.store.get_job(job_id).created,
-        )
+        specs = self._specs(config, plan, job_id, attempt)
         self.store.replace_tasks(job_id, _task_records(job_id, plan, attempt))
         self._starting = []
         agents = start_agents(
@@ -164,14 +157,7 @@ class GroupControl:
             slurm.stop_step(0.0)
             raise PreflightError(f"preflight failed in the Slurm step: {problems}")
         plan = step_plan(config.job.name, [StepTask(h.node, h.address, h.port) for h in hellos])
-        specs = make_specs(
-            config,
-            plan,
-            job_id,
-            attempt,
-            self.backend,
-            time.time() - self.store.get_job(job_id).created,
-        )
+        specs = self._specs(config, plan, job_id, attempt)
         self.store.replace_tasks(job_id, _task_records(job_id, plan, attempt))
         agents = [AgentRef(h.procid, plan.tasks[h.procid].host_index, h.pid) for h in hellos]
         for agent in agents:
@@ -204,6 +190,14 @@ class GroupControl:
             for t in plan.tasks
         }
         return Group(attempt, plan, agents)
+
+    def _specs(
+        self, config: ClusterConfig, plan: LaunchPlan, job_id: str, attempt: int
+    ) -> list[WorkerSpec]:
+        """Each task's spec, with the seconds since the job's launch by our clock (a host's
+        clock is never compared with ours)."""
+        since_launch = time.time() - self.store.get_job(job_id).created
+        return make_specs(config, plan, job_id, attempt, self.backend, since_launch)
 
     def _tail(self, plan: LaunchPlan) -> None:
         if not self.tick.tailers:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import tempfile
 import time
 from pathlib import Path
 
@@ -96,7 +97,7 @@ def test_elastic_and_spare_keys_are_checked_with_one_line_errors(
 def test_an_agent_is_cut_off_only_when_the_coordinator_is_silent_and_no_peer_answers(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(contact.tempfile, "gettempdir", lambda: str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the private directory's parent
     me = os.getpid()
     with socket.socket() as listening:
         listening.bind(("127.0.0.1", 0))

@@ -550,3 +550,12 @@ def test_an_internal_error_while_supervising_leaves_no_task_row_running(
     assert job["state"] == "failed" and "internal error: OverflowError" in job["last_cause"]
     assert all(t["state"] in ("stopped", "lost") for t in job["tasks"]), job["tasks"]
     assert job_processes(job["id"]) == []
+
+
+def test_a_sample_survives_its_own_round_trip_through_the_store() -> None:
+    """Regression: Resources.to_dict() keeps `gpus` a tuple; from_dict dropped it, and the
+    status table showed no GPU while --json did."""
+    from worker.spec import GpuSample, Resources
+
+    sample = Resources(at=1.0, cpu_percent=50.0, gpus=(GpuSample(0, 87.0, 1, 143771),))
+    assert Resources.from_dict(sample.to_dict()) == sample

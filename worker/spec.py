@@ -329,7 +329,7 @@ class Resources:
             return cls()
         gpus = data.get("gpus")
         samples = []
-        for g in gpus[:MAX_GPUS] if isinstance(gpus, list) else ():
+        for g in gpus[:MAX_GPUS] if isinstance(gpus, list | tuple) else ():
             index = _count(g.get("index"), None, 4096) if isinstance(g, dict) else None
             if index is not None:
                 samples.append(
