@@ -4,7 +4,9 @@ the stand-in trainer (no TensorFlow)."""
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import struct
 import sys
 from collections.abc import Callable
@@ -559,3 +561,22 @@ def test_a_sample_survives_its_own_round_trip_through_the_store() -> None:
 
     sample = Resources(at=1.0, cpu_percent=50.0, gpus=(GpuSample(0, 87.0, 1, 143771),))
     assert Resources.from_dict(sample.to_dict()) == sample
+
+
+def test_a_group_stop_signals_only_what_it_checked_through_a_pidfd() -> None:
+    import subprocess
+
+    from worker import proctl
+
+    stranger = subprocess.Popen(["sleep", "30"])  # not in the group: the check says so
+    try:
+        proctl._signal_checked(stranger.pid, signal.SIGKILL, lambda: False)
+        proctl._signal_checked(1, signal.SIGKILL, lambda: True)  # never pid <= 1
+        assert stranger.poll() is None
+        assert not proctl._in_group(stranger.pid, os.getpid() + 10**6, "")
+        proctl._signal_checked(stranger.pid, signal.SIGKILL, lambda: True)
+        assert stranger.wait(10) == -signal.SIGKILL
+    finally:
+        if stranger.poll() is None:
+            stranger.kill()
+            stranger.wait()

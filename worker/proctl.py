@@ -19,6 +19,7 @@ requests.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 import sys
@@ -163,16 +164,40 @@ def stop_group(pgid: int, grace: float, ident: str = "", poll: float = 0.05) -> 
     # agent) is told to hurry with a second SIGTERM, so that it ends its own way: its note of
     # how the trainer ended and its final status reach the log. Then the whole group goes.
     for pid in group_members(pgid) - {pgid}:
-        if group_is_ours(pgid, ident):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
-    if group_is_ours(pgid, ident):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pgid, signal.SIGTERM)
+        _signal_checked(pid, signal.SIGKILL, functools.partial(_in_group, pid, pgid, ident))
+    _signal_checked(pgid, signal.SIGTERM, functools.partial(_in_group, pgid, pgid, ident))
     if wait_until_gone(LEADER_LAST_WORDS):
         return True
     _signal_group(pgid, signal.SIGKILL)
     return wait_until_gone(5.0)
+
+
+def _signal_checked(pid: int, sig: signal.Signals, check: Callable[[], bool]) -> None:
+    """Signal pid only if `check` holds of it, through a pidfd opened before the check: the
+    process checked is the process signalled, even if the number is reused meanwhile."""
+    if pid <= 1:
+        return
+    try:
+        fd = os.pidfd_open(pid)
+    except OSError:  # gone
+        return
+    try:
+        if check():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                signal.pidfd_send_signal(fd, sig)
+    finally:
+        os.close(fd)
+
+
+def _in_group(pid: int, pgid: int, ident: str) -> bool:
+    """pid is alive in the process group whose leader we recorded as `ident`."""
+    fields = _stat_fields(pid)
+    return (
+        fields is not None
+        and fields[0] not in ("Z", "X")
+        and int(fields[2]) == pgid
+        and group_is_ours(pgid, ident)
+    )
 
 
 def _environ_has(pid: int, marker: bytes) -> bool:
