@@ -51,7 +51,6 @@ from worker.warm import (
     room_for_standby,
     standby_env,
     start_keeper,
-    verify_trainer,
 )
 
 _PR_SET_PDEATHSIG = 1
@@ -217,34 +216,15 @@ class Agent:
         self._keeper = link
         python, *target = spec.argv
         env = trainer_env(spec)
-        reply = link.request(
-            {
-                "op": "activate",
-                "fingerprint": fingerprint(env, python, spec.env),
-                "env": env,
-                "target": target,
-                "cwd": spec.workdir,
-                "log": str(self.log_path),
-            }
-        )
-        if not reply.get("ok"):
-            _note(log, f"cold start: {str(reply.get('reason', 'no standby'))[:200]}")
-            return None
-        pid = reply.get("pid")
-        problem = verify_trainer(pid, link.keeper_pid, spec.job_id)
-        if problem:  # never signalled, never recorded: the keeper goes, the start is cold
-            link.close()
-            self._keeper = None
+        order = {"fingerprint": fingerprint(env, python, spec.env), "env": env,
+                 "target": target, "cwd": spec.workdir, "log": str(self.log_path)}  # fmt: skip
+        trainer, problem = link.activate(spec.job_id, order)
+        if trainer is None:
+            if link.closed:
+                self._keeper = None
             _note(log, f"cold start: {problem}")
             return None
-        try:
-            trainer = WarmTrainer(int(pid), link)  # type: ignore[arg-type]
-        except OSError as exc:
-            link.close()
-            self._keeper = None
-            _note(log, f"cold start: the standby is gone ({exc})")
-            return None
-        _note(log, f"warm start: the standby (pid {pid}) runs the entrypoint")
+        _note(log, f"warm start: the standby (pid {trainer.pid}) runs the entrypoint")
         return trainer
 
     def _prepare_standby(self) -> None:

@@ -93,6 +93,7 @@ class KeeperLink:
         self.exited = threading.Event()
         self.lost = threading.Event()
         self.keeper_pid = 0
+        self.closed = False
         threading.Thread(target=self._read, daemon=True).start()
 
     @classmethod
@@ -159,7 +160,26 @@ class KeeperLink:
         except (OSError, queue.Empty) as exc:
             return {"ok": False, "reason": f"the keeper did not answer ({exc})"}
 
+    def activate(self, job_id: str, order: dict[str, Any]) -> tuple[WarmTrainer | None, str]:
+        """Have the keeper run this attempt's trainer in its standby: (the trainer, '') or
+        (None, why the start is cold). A pid the keeper names is verified before it becomes a
+        trainer; one that fails the check closes this link (the keeper is not trusted)."""
+        reply = self.request({"op": "activate", **order})
+        if not reply.get("ok"):
+            return None, str(reply.get("reason", "no standby"))[:200]
+        pid = reply.get("pid")
+        problem = verify_trainer(pid, self.keeper_pid, job_id)
+        if problem:  # never signalled, never recorded
+            self.close()
+            return None, problem
+        try:
+            return WarmTrainer(int(pid), self), ""  # type: ignore[arg-type]
+        except OSError as exc:
+            self.close()
+            return None, f"the standby is gone ({exc})"
+
     def close(self) -> None:
+        self.closed = True
         # shutdown first: the reader thread's pending recv would keep a bare close() from
         # reaching the keeper.
         with contextlib.suppress(OSError):
