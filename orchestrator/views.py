@@ -26,10 +26,10 @@ def _write(text: str = "") -> None:
 
 
 def unsupervised_check(job: JobRecord, task: TaskRecord) -> str | None:
-    """What status can tell of a task the store says runs when no supervisor keeps the store
-    current: 'alive' or 'gone' where its agent is on this machine (checked by pid and
-    identity), else 'unconfirmed'. None: a supervisor lives (or the task ended)."""
-    if task.state.is_terminal() or supervisor_alive(job) is not False:
+    """What status can tell of a task the store says runs, its job's supervisor being gone:
+    'alive' or 'gone' where its agent is on this machine (checked by pid and identity), else
+    'unconfirmed'. None: the task ended."""
+    if task.state.is_terminal():
         return None
     if job.backend == "local" and task.agent_pid:
         from worker.proctl import is_same

@@ -33,10 +33,17 @@ def contact_path(agent_pid: int) -> str:
 
 def touch(agent_pids: Iterable[int]) -> None:
     """The coordinator reached this host just now (best effort: never fails a read)."""
-    for pid in agent_pids:
+    pids = list(agent_pids)
+    if not pids:
+        return
+    try:
+        directory = contact_dir()  # checked once a read, not once a mark
+    except OSError:
+        return
+    for pid in pids:
         with contextlib.suppress(OSError, ValueError):
             # Opened without following a link, then touched through the descriptor.
-            fd = open_private(contact_path(pid), os.O_WRONLY | os.O_CREAT)
+            fd = open_private(os.path.join(directory, str(int(pid))), os.O_WRONLY | os.O_CREAT)
             try:
                 os.utime(fd)
             finally:
