@@ -18,12 +18,8 @@ import typer
 
 from orchestrator.console import console_sink, detach_progress
 from orchestrator.errors import OrchestrateError, UsageError, exit_code_for
-from orchestrator.jobs import (
-    failing_job_on_error,
-    launch_config,
-    stored_config,
-    supervisor_alive,
-)
+from orchestrator.job_records import launch_config, stored_config
+from orchestrator.job_state import failing_job_on_error
 from orchestrator.paths import (
     collected_dir,
     job_home,
@@ -31,9 +27,8 @@ from orchestrator.paths import (
     make_files_private,
     report_json,
 )
-from orchestrator.states import JobState, TaskState
+from orchestrator.states import JobState
 from orchestrator.store import JobRecord, Store
-from orchestrator.terminal_text import safe
 from orchestrator.views import render_report, status_text
 
 if TYPE_CHECKING:
@@ -115,24 +110,25 @@ def launch(
 
         render_dry_run(cfg)
         return
-    from orchestrator.config import SlurmBackend
-    from orchestrator.jobs import register_job
+    from orchestrator.backends import check_before_register
+    from orchestrator.job_records import register_job
 
-    if isinstance(cfg.backend, SlurmBackend):  # Slurm's verdict first: nothing registered
-        from orchestrator.backends.slurm_allocation import check_submission
-
-        check_submission(cfg, str(config))
+    check_before_register(cfg, str(config))  # the backend's own verdict: nothing registered
     store = Store()
     job = register_job(store, cfg, str(config), force=force)
     if detach:
-        from orchestrator.jobs import start_detached_supervisor
-
-        with detach_progress(store, plain) as panel:
-            current, pid = start_detached_supervisor(store, job, panel)
+        current, pid = _start_detached(store, job, plain)
         _echo(f"job {job.id} {current.state.value} (supervisor pid {pid})")
         _echo(f"  orchestrate status {job.id}   orchestrate logs {job.id} --follow")
         return
     _supervise(store, job, lambda: cfg, verbose, plain=plain)
+
+
+def _start_detached(store: Store, job: JobRecord, plain: bool) -> tuple[JobRecord, int]:
+    from orchestrator.detached import start_detached_supervisor
+
+    with detach_progress(store, plain) as panel:
+        return start_detached_supervisor(store, job, panel.update if panel else lambda _: None)
 
 
 def _supervise(
@@ -231,17 +227,14 @@ def resume(
 ) -> None:
     """Continue a failed or stopped job: same id, next attempt, same checkpoints, a fresh
     restart budget."""
-    from orchestrator.jobs import reopen_for_resume
+    from orchestrator.job_state import reopen_for_resume
 
     store = Store()
     job = store.get_job(job_ref)
     cfg = launch_config(job)  # refuses a cluster.toml changed since the launch
     job = reopen_for_resume(store, job)
     if detach:
-        from orchestrator.jobs import start_detached_supervisor
-
-        with detach_progress(store, plain) as panel:
-            current, pid = start_detached_supervisor(store, job, panel)
+        current, pid = _start_detached(store, job, plain)
         _echo(f"job {job.id} {current.state.value} (supervisor pid {pid})")
         return
     _supervise(store, job, lambda: cfg, verbose, plain=plain)
@@ -262,30 +255,14 @@ def attach(
     plain: PlainOpt = False,
 ) -> None:
     """Adopt a running job whose supervisor is gone, and supervise it to the end."""
-    from orchestrator.stopping import finish_stop, needs_stop
+    from orchestrator.stopping import finish_stop
+    from orchestrator.takeover import AttachPlan, attach_plan
 
     store = Store()
     job = store.get_job(job_ref)
-
-    if needs_stop(store, job) and (
-        job.state.is_terminal()
-        or any(t.state == TaskState.UNREACHABLE for t in store.tasks(job.id))
-    ):  # a stop that could not reach every host: finish it
+    if attach_plan(store, job) == AttachPlan.FINISH_STOP:
         _echo(f"job {job.id} {finish_stop(store, job).value}")
         return
-    if job.state.is_terminal():
-        raise UsageError(f"job {job.id} already {job.state.value}: nothing to attach to")
-    if job.state == JobState.PENDING:  # its launch has not claimed it yet: it is not lost
-        raise UsageError(
-            f"job {job.id} is pending: its launch is starting it; nothing to attach to"
-        )
-    alive = supervisor_alive(job)
-    if alive:
-        raise UsageError(f"job {job.id} is supervised by pid {job.supervisor_pid}; it is not lost")
-    if alive is None:
-        raise UsageError(
-            f"job {job.id} is supervised from host {job.supervisor_host}: attach there"
-        )
     cfg = launch_config(job)
     _supervise(store, job, lambda: cfg, verbose, adopt=True, plain=plain)
 
@@ -351,46 +328,17 @@ def logs(
 ) -> None:
     """Print a job's task logs (the coordinator's durable copies), prefixed by task, in the
     order they arrived."""
-    from orchestrator.log_query import TimedLog, parse_grep, parse_since, parse_tasks, select
-    from orchestrator.log_query import stamp as format_stamp
+    from orchestrator.log_query import follow_logs
 
     store = Store()
-    job = store.get_job(job_ref)
-    tasks = store.tasks(job.id)
-    indexes = parse_tasks(task, len(tasks)) if task is not None else [t.idx for t in tasks]
-    pattern = parse_grep(grep)
-    after = parse_since(since, time.time()) if since is not None else None
-    chosen = [t for t in tasks if t.idx in indexes]
-    log_dir = log_copies_dir(job.id)
-    readers = {t.idx: TimedLog(log_dir / f"worker-{t.idx}.log") for t in chosen}
-    while True:
-        last = not follow or store.get_job(job.id).state.is_terminal()
-        batch = []
-        for t in chosen:
-            prefix = "" if len(chosen) == 1 and task is not None else f"[worker-{t.idx} {t.host}] "
-            for line in select(readers[t.idx].read(final=last), after, pattern):
-                batch.append((line.ts or 0.0, t.idx, prefix, line))
-        batch.sort(key=lambda item: (item[0], item[1]))  # by arrival; each task's order kept
-        shown = safe if sys.stdout.isatty() else str  # a terminal: escape what drives it
-        sys.stdout.write(
-            "".join(
-                (format_stamp(line.ts) + " " if timestamps else "")
-                + prefix
-                + shown(line.text)
-                + "\n"
-                for _, _, prefix, line in batch
-            )
-        )
-        sys.stdout.flush()
-        if last:
-            break
-        time.sleep(0.3)
+    follow_logs(store, store.get_job(job_ref), task, follow, timestamps, since, grep)
 
 
 @app.command()
 def stop(job_ref: JobArg) -> None:
     """Stop a job: every task on every host (SIGTERM, grace, SIGKILL)."""
-    from orchestrator.stopping import needs_stop, stop_job
+    from orchestrator.job_records import needs_stop
+    from orchestrator.stopping import stop_job
 
     store = Store()
     job = store.get_job(job_ref)
@@ -409,7 +357,7 @@ def collect(
 ) -> None:
     """Copy a job's per-task logs, final model and metrics to this machine."""
     from orchestrator.backends import open_backend
-    from orchestrator.jobs import check_destination, collect_job
+    from orchestrator.collect import check_destination, collect_job
 
     store = Store()
     job = store.get_job(job_ref)

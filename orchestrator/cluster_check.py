@@ -15,12 +15,12 @@ from collections.abc import Callable
 from typing import Any
 
 from orchestrator import port_check
-from orchestrator.backends import Backend, open_backend
-from orchestrator.config import ClusterConfig, LocalBackend, SlurmBackend
-from orchestrator.errors import OrchestrateError, TransportError, UsageError
+from orchestrator.backends import open_backend
+from orchestrator.config import ClusterConfig
+from orchestrator.errors import OrchestrateError, UsageError
 from orchestrator.fanout import each
-from orchestrator.launcher import plan_launch, preflight
-from orchestrator.plan import LaunchPlan
+from orchestrator.plan import LaunchPlan, plan_on_hosts
+from orchestrator.preflight import preflight
 
 CONNECT_TIMEOUT = 3.0  # seconds for one TCP connection (all of a host's are tried at once)
 CONNECT_THREADS = 64  # worker.netcheck.CONNECT_THREADS: tries at once on one host
@@ -32,40 +32,21 @@ HostCall = Callable[[int, str, dict[str, Any], float], Any]
 def run_check(config: ClusterConfig) -> port_check.PortCheck:
     """Preflight every host a job starts on (PreflightError naming them when any fails), plan
     the ports as a launch would (fixed, or probed free), and check every host -> task port."""
-    if isinstance(config.backend, SlurmBackend):
-        raise UsageError(
-            "check needs the hosts before the job: a Slurm job's nodes are known only once "
-            "its allocation starts (see `orchestrate launch --dry-run`)"
-        )
     key = f"check-{secrets.token_hex(4)}"
     backend = open_backend(config)
     try:
+        if not backend.capabilities.hosts_known_before_launch:
+            kind = backend.kind.capitalize()
+            raise UsageError(
+                f"check needs the hosts before the job: a {kind} job's nodes are known only "
+                "once its allocation starts (see `orchestrate launch --dry-run`)"
+            )
         reports = preflight(config, backend, key)
-        plan = plan_launch(config, reports)
-        return check_ports(host_call(config, backend), plan, key)
+        counts = {h: len(r.gpu.gpus) for h, r in reports.items() if r.gpu is not None}
+        plan = plan_on_hosts(config, {h: r.ports for h, r in reports.items()}, counts)
+        return check_ports(backend.lasting_call, plan, key)
     finally:
         backend.close()
-
-
-def host_call(config: ClusterConfig, backend: Backend) -> HostCall:
-    """One host helper operation on host i. On the local backend the operations run in this
-    process: they check this machine's network, whichever interpreter runs its tasks (and a
-    listener must outlive the call, which a one-off interpreter would not)."""
-    if isinstance(config.backend, LocalBackend):
-        from worker import hostd
-
-        def local(i: int, op: str, args: dict[str, Any], timeout: float) -> Any:
-            try:
-                return hostd.handle(op, args)
-            except (OSError, ValueError, KeyError) as exc:
-                raise TransportError(f"local: {op} failed: {exc}") from None
-
-        return local
-
-    def remote(i: int, op: str, args: dict[str, Any], timeout: float) -> Any:
-        return backend.transport(i).worker_call(op, args, timeout=timeout)
-
-    return remote
 
 
 def check_ports(call: HostCall, plan: LaunchPlan, key: str) -> port_check.PortCheck:

@@ -39,6 +39,10 @@ class LaunchError(OrchestrateError):
     """Agents could not be started; those that did start were stopped again."""
 
 
+class AllocationEnded(OrchestrateError):
+    """The scheduler's allocation of the job is over (or about to be) and cannot be used again."""
+
+
 class TransportError(OrchestrateError):
     """A command or file operation on a host failed (unreachable, timed out, refused)."""
 

@@ -1,25 +1,27 @@
-"""Losing a host, for the supervisor: which hosts the next launch is for, waiting for a lost
-host (re-probing with backoff, up to host_wait) without spending restarts, replacing it with a
-spare, going on without it (min_workers), and growing back when it returns (regrow).
+"""Losing a host, for the supervisor: when a host is lost (the timing rule), which hosts the next
+launch is for, waiting for a lost host (re-probed with backoff, up to host_wait) without
+spending restarts, replacing it with a spare, going on without it (min_workers), and growing
+back when it returns (regrow).
 
 The pool of hosts (host_pool.py) is stored with the job after every change, for `status`."""
 
 from __future__ import annotations
 
-import threading
 import time
+from collections.abc import Collection
 from concurrent.futures import Future, ThreadPoolExecutor
 
+from orchestrator.attempt import Attempt
+from orchestrator.backends import Backend
 from orchestrator.config import ClusterConfig
-from orchestrator.errors import HostsUnreachable, OrchestrateError
-from orchestrator.group_control import GroupControl
+from orchestrator.errors import OrchestrateError
 from orchestrator.host_pool import REPLACE_AFTER_FAILURES, HostPool, HostRole
-from orchestrator.launcher import host_labels
+from orchestrator.job_state import JobStateMachine
 from orchestrator.logstream import LineSink
 from orchestrator.observations import Decision, FailureKind, failure
-from orchestrator.plan import initial_hosts, task_slots
+from orchestrator.plan import host_labels, initial_hosts, task_slots
 from orchestrator.store import Store
-from orchestrator.tick import Group, Watch
+from orchestrator.timing import Timing
 
 # Re-probing a lost host: the first wait, doubling up to the last.
 PROBE_BACKOFF = (1.0, 15.0)
@@ -35,19 +37,22 @@ class Hosts:
     def __init__(
         self,
         store: Store,
-        job_id: str,
+        job_state: JobStateMachine,
         config: ClusterConfig,
-        control: GroupControl,
+        backend: Backend,
         sink: LineSink,
-        stop_requested: threading.Event,
     ) -> None:
         self.store = store
-        self.job_id = job_id
+        self.job_state = job_state
+        self.job_id = job_id = job_state.job_id
         self.config = config
-        self.control = control
+        self.backend = backend
         self.sink = sink
-        self.stop_requested = stop_requested
+        self.timing = Timing.of(config.supervision)
         self.labels = host_labels(config)
+        self.gpu_counts: dict[int, int] = {}  # GPUs each host had at its latest preflight
+        self._delay = PROBE_BACKOFF[0]  # the next wait for an unreachable host
+        self._waiting_said: set[int] = set()
         stored = HostPool.from_json(store.get_job(job_id).hosts_json)
         spares = set(range(len(self.labels))) - set(initial_hosts(config))
         self.pool = stored or HostPool.initial(self.labels, spares)
@@ -69,33 +74,38 @@ class Hosts:
         self.sink.info(message)
 
     def tasks_on(self, hosts: tuple[int, ...]) -> int:
-        return len(task_slots(self.config, hosts, self.control.gpu_counts))
+        return len(task_slots(self.config, hosts, self.gpu_counts))
 
     # --- after a failure ----------------------------------------------------------------
-    def lost(self, group: Group, watch: Watch) -> Decision | None:
+    def lost(self, attempt: Attempt) -> Decision | None:
         """A failure decision when some host's reads failed for host_timeout."""
-        lost = self.control.tick.lost_hosts(group, watch)
+        watch, now = attempt.watch, time.monotonic()
+        lost = self.timing.lost_hosts(
+            {a.host_index for a in attempt.agents}, watch.host_ok, watch.host_error,
+            watch.started, now,
+        )  # fmt: skip
         if not lost:
             return None
-        now = time.monotonic()
         parts = [
             f"{self.labels[h]} unreachable for "
             f"{now - watch.host_ok.get(h, watch.started):.1f}s ({watch.host_error.get(h, '')})"
             for h in lost
         ]
-        tasks = tuple(a.task_index for a in group.agents if a.host_index in lost)
+        tasks = tuple(a.task_index for a in attempt.agents if a.host_index in lost)
         return failure(FailureKind.HOST_LOST, "; ".join(parts), tasks, hosts=tuple(lost))
 
-    def record_failure(self, group: Group | None, decision: Decision, watch: Watch) -> None:
+    def record_failure(self, attempt: Attempt | None, decision: Decision) -> None:
         """Note what a failure says about the hosts: lost ones become LOST (since their last
         good read); a host whose tasks failed REPLACE_AFTER_FAILURES times in a row is
         replaced by a spare when there is one."""
         wall, mono = time.time(), time.monotonic()
         pool = self.pool
-        for h in decision.hosts if decision.kind == FailureKind.HOST_LOST else ():
-            pool = pool.unreachable(h, wall - (mono - watch.host_ok.get(h, watch.started)))
-        if group is not None and decision.kind not in (FailureKind.HOST_LOST, FailureKind.REGROW):
-            failing = {group.plan.tasks[i].host_index for i in decision.tasks}
+        for h in decision.hosts if decision.kind == FailureKind.HOST_LOST and attempt else ():
+            assert attempt is not None
+            last_ok = attempt.watch.host_ok.get(h, attempt.watch.started)
+            pool = pool.unreachable(h, wall - (mono - last_ok))
+        if attempt is not None and decision.kind not in (FailureKind.HOST_LOST, FailureKind.REGROW):
+            failing = {attempt.plan.tasks[i].host_index for i in decision.tasks}
             for h in failing:
                 pool = pool.failed(h)
             pool = pool.healthy(tuple(h for h in pool.group() if h not in failing))
@@ -119,50 +129,46 @@ class Hosts:
         return True
 
     # --- launching ----------------------------------------------------------------------
-    def launch(self, attempt: int) -> Group | None:
-        """Launch on the pool's group. A host that cannot be reached is waited for, re-probed
-        with backoff, up to host_wait (these tries are not attempts: nothing started); a spare
-        replaces it at once when there is one; past host_wait the group shrinks to at least
-        min_workers, or HostWaitExpired. None: a stop was requested while waiting."""
-        delay = PROBE_BACKOFF[0]
-        waiting_said: set[int] = set()
-        while True:
-            for h in self.pool.with_role(HostRole.LOST):
-                self._replace(h, "unreachable")
-            try:
-                group = self.control.launch(attempt, self.pool.group())
-            except HostsUnreachable as exc:
-                if attempt == 0:
-                    raise  # the first launch fails fast: fix the hosts, then relaunch
-                now = time.time()
-                for h in exc.hosts:
-                    self.pool = self.pool.unreachable(h, now)
-                self._save()
-                lost = self.pool.with_role(HostRole.LOST)
-                if not lost or self.pool.spare_for(now) is not None:
-                    continue  # only spares were away, or a spare can step in: try again now
-                away = now - min(self.pool.lost_since(h) for h in lost)
-                if away >= self.config.supervision.host_wait:
-                    self._shrink(lost, away)
-                    continue
-                for h in lost:
-                    if h not in waiting_said:
-                        waiting_said.add(h)
-                        self._event("waiting", f"waiting for {self.labels[h]}: unreachable")
-                names = ", ".join(self.labels[h] for h in lost)
-                self.store.update_job(
-                    self.job_id, last_cause=f"waiting for {names}: unreachable for {away:.0f} s"
-                )
-                if self.stop_requested.wait(delay):
-                    return None
-                delay = min(delay * 2, PROBE_BACKOFF[1])
-                continue
-            if group is None:  # a stop was requested while the allocation waited
-                return None
-            for h in group_hosts(group):
-                self.pool = self.pool.reachable(h)
-            self._save()
-            return group
+    def for_launch(self) -> tuple[int, ...]:
+        """The hosts the next attempt starts on: the pool's group, a spare in for each host
+        that is lost."""
+        for h in self.pool.with_role(HostRole.LOST):
+            self._replace(h, "unreachable")
+        return self.pool.group()
+
+    def unreachable(self, hosts: Collection[int]) -> float:
+        """A launch found these hosts unreachable (nothing started: not an attempt). Returns how
+        long to wait before the next try (0: try again now, a spare can step in or only spares
+        were away); past host_wait the group shrinks to at least min_workers, or
+        HostWaitExpired."""
+        now = time.time()
+        for h in hosts:
+            self.pool = self.pool.unreachable(h, now)
+        self._save()
+        lost = self.pool.with_role(HostRole.LOST)
+        if not lost or self.pool.spare_for(now) is not None:
+            return 0.0
+        away = now - min(self.pool.lost_since(h) for h in lost)
+        if away >= self.config.supervision.host_wait:
+            self._shrink(lost, away)
+            return 0.0
+        for h in lost:
+            if h not in self._waiting_said:
+                self._waiting_said.add(h)
+                self._event("waiting", f"waiting for {self.labels[h]}: unreachable")
+        names = ", ".join(self.labels[h] for h in lost)
+        self.job_state.note_cause(f"waiting for {names}: unreachable for {away:.0f} s")
+        delay, self._delay = self._delay, min(self._delay * 2, PROBE_BACKOFF[1])
+        return delay
+
+    def launched(self, attempt: Attempt) -> None:
+        """An attempt started: its hosts answer, and its preflight counted their GPUs."""
+        for h in attempt.hosts():
+            self.pool = self.pool.reachable(h)
+        self.gpu_counts.update(attempt.gpu_counts)
+        self._delay = PROBE_BACKOFF[0]
+        self._waiting_said.clear()
+        self._save()
 
     def _shrink(self, lost: tuple[int, ...], away: float) -> None:
         names = ", ".join(self.labels[h] for h in lost)
@@ -191,14 +197,14 @@ class Hosts:
         )
 
     # --- growing back -------------------------------------------------------------------
-    def regrow(self, group: Group, watch: Watch) -> Decision | None:
+    def regrow(self, attempt: Attempt) -> Decision | None:
         """With regrow on and hosts out of the group: probe them now and then (off the tick's
         thread); once one is back, a decision to restart at full width when the chief's epoch
         next advances (its checkpoint was just written)."""
         out = self.pool.with_role(HostRole.OUT)
         if not (self.config.restart.regrow and out):
             return None
-        epoch = watch.last.get(0, {}).get("epoch")
+        epoch = attempt.watch.last.get(0, {}).get("epoch")
         if self._back_at_epoch is not None:
             if isinstance(epoch, int) and epoch > self._back_at_epoch:
                 names = ", ".join(self.labels[h] for h in out)
@@ -226,7 +232,7 @@ class Hosts:
         back = []
         for h in hosts:
             try:
-                if self.control.backend.transport(h).run(["true"], timeout=10.0).ok:
+                if self.backend.transport(h).run(["true"], timeout=10.0).ok:
                     back.append(h)
             except OrchestrateError:
                 pass
@@ -238,7 +244,3 @@ class Hosts:
         self._back_at_epoch = None
         self._save()
         self._event("width", f"back to {self.tasks_on(self.pool.group())} worker(s)")
-
-
-def group_hosts(group: Group) -> tuple[int, ...]:
-    return tuple(sorted({t.host_index for t in group.plan.tasks}))

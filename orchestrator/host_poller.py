@@ -18,10 +18,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from orchestrator.errors import OrchestrateError
+from orchestrator.timing import Timing
 from orchestrator.transport.base import Observation, ProcessRef, Transport, Watching
-
-# A read is never given less than this, even when its host's host_timeout is nearly spent.
-MIN_READ_TIMEOUT = 0.5
 
 
 @dataclass(frozen=True)
@@ -50,13 +48,6 @@ class PollTarget:
     statuses: tuple[str, ...]
 
 
-def read_timeout(host_timeout: float, wait: float, since_ok: float) -> float:
-    """How long a read may take: what is left of host_timeout since the host last answered (so
-    a host that stops answering is lost host_timeout after its last answer), but never less
-    than the keep-alive plus a margin."""
-    return max(wait + MIN_READ_TIMEOUT, host_timeout - since_ok)
-
-
 class HostPoller:
     def __init__(
         self,
@@ -65,18 +56,14 @@ class HostPoller:
         offsets: Sequence[int],
         out: queue.SimpleQueue[PollResult],
         *,
-        wait: float,
+        timing: Timing,
         step: float,
-        host_timeout: float,
-        retry_delay: float,
     ) -> None:
         self.target = target
         self.transport = transport
         self.out = out
-        self.wait = wait
+        self.timing = timing
         self.step = step
-        self.host_timeout = host_timeout
-        self.retry_delay = retry_delay
         self._offsets = list(offsets)
         self._stopped = threading.Event()
         self._thread = threading.Thread(
@@ -97,9 +84,10 @@ class HostPoller:
         last_ok = time.monotonic()
         while not self._stopped.is_set():
             offsets = tuple(self._offsets)
+            wait = self.timing.keepalive
             watching = Watching(known_alive, tuple(zip(t.statuses, keys, strict=True)),
-                                self.wait, self.step)  # fmt: skip
-            timeout = read_timeout(self.host_timeout, self.wait, time.monotonic() - last_ok)
+                                wait, self.step)  # fmt: skip
+            timeout = self.timing.read_timeout(wait, time.monotonic() - last_ok)
             try:
                 seen = self.transport.observe(
                     t.procs,
@@ -111,7 +99,9 @@ class HostPoller:
             except OrchestrateError as exc:
                 if not self._stopped.is_set():
                     self.out.put(PollResult(t.host, time.monotonic(), offsets, error=exc))
-                self._stopped.wait(self.retry_delay)  # a host refusing at once is not spun on
+                self._stopped.wait(
+                    self.timing.poll_interval
+                )  # a host refusing at once is not spun on
                 continue
             except BaseException as exc:  # a bug: the supervisor's thread raises it
                 self.out.put(PollResult(t.host, time.monotonic(), offsets, crash=exc))

@@ -10,56 +10,18 @@ import time
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 
+from orchestrator.agents import AgentRef
+from orchestrator.attempt import Attempt, Watch, agents_by_host
 from orchestrator.host_poller import PollResult
-from orchestrator.launcher import AgentRef
-from orchestrator.logstream import LineSink, LogTailer
+from orchestrator.logstream import LineSink
 from orchestrator.monitor import task_state_of
 from orchestrator.observations import TaskObservation
-from orchestrator.plan import LaunchPlan, TaskPlan
+from orchestrator.plan import TaskPlan
 from orchestrator.states import TaskState
 from orchestrator.store import ResourceSample, Sample, Store
 from worker.spec import Phase, StepSignal, TaskStatus
 
 RESOURCE_SAMPLE_EVERY = 5.0  # seconds between a task's resource samples kept for the report
-
-
-@dataclass
-class Watch:
-    """Per-attempt bookkeeping of what the supervisor has seen (coordinator clock)."""
-
-    started: float
-    seq: dict[int, int] = field(default_factory=dict)
-    seq_changed: dict[int, float] = field(default_factory=dict)
-    step: dict[int, int] = field(default_factory=dict)
-    step_changed: dict[int, float] = field(default_factory=dict)
-    first_step: set[int] = field(default_factory=set)
-    last: dict[int, dict[str, object]] = field(default_factory=dict)
-    # The startup deadline is checked once, when it passes: a group that met it then (a task
-    # whose steps are not observed meets it at the rendezvous) is not judged by it again.
-    startup_passed: bool = False
-    host_ok: dict[int, float] = field(default_factory=dict)  # host -> last read that worked
-    host_error: dict[int, str] = field(default_factory=dict)  # host -> why its last read failed
-    # What each task looked like at its host's last answer, ages left out (added each round).
-    seen: dict[int, TaskObservation] = field(default_factory=dict)
-    raw_status: dict[int, bytes | None] = field(default_factory=dict)
-    status: dict[int, TaskStatus | None] = field(default_factory=dict)  # parsed, this attempt's
-    resources_kept: dict[int, float] = field(default_factory=dict)  # task -> when kept (monotonic)
-
-
-def agents_by_host(agents: list[AgentRef]) -> dict[int, list[AgentRef]]:
-    by_host: dict[int, list[AgentRef]] = {}
-    for agent in agents:
-        by_host.setdefault(agent.host_index, []).append(agent)
-    return by_host
-
-
-@dataclass(frozen=True)
-class Group:
-    """One attempt's running group: what was planned and which agents run it."""
-
-    attempt: int
-    plan: LaunchPlan
-    agents: list[AgentRef]
 
 
 @dataclass
@@ -79,21 +41,20 @@ class Ingest:
         self.job_id = job_id
         self.sink = sink
         self.instrumented = instrumented
-        self.tailers: dict[int, LogTailer] = {}
 
     def ingest(
         self,
-        group: Group,
-        watch: Watch,
+        attempt: Attempt,
         results: Iterable[PollResult],
         skip: Collection[int] = (),
         at: float | None = None,
     ) -> list[TaskObservation]:
         """Take these answers (bookkeeping, store, streamed lines), then every task's
         observation, tasks on `skip` hosts left out; `at`: the round's monotonic time."""
+        watch = attempt.watch
         now_mono = time.monotonic() if at is None else at
         now = time.time() - (time.monotonic() - now_mono)
-        by_host = agents_by_host(group.agents)
+        by_host = agents_by_host(attempt.agents)
         round_ = _Round()
         for result in results:
             if result.crash is not None:
@@ -102,15 +63,15 @@ class Ingest:
             if h not in by_host:
                 continue
             if result.error is not None or result.seen is None:
-                label = group.plan.tasks[by_host[h][0].task_index].host_label
+                label = attempt.plan.tasks[by_host[h][0].task_index].host_label
                 watch.host_error[h] = str(result.error).removeprefix(f"{label}: ")
                 continue
             watch.host_ok[h] = result.at
             watch.host_error.pop(h, None)
-            self._take(group, watch, by_host[h], result, now_mono, now, round_)
+            self._take(attempt, by_host[h], result, now_mono, now, round_)
         self.store.record_round(self.job_id, round_.updates, round_.samples, round_.resources)
         observations = []
-        for agent in group.agents:
+        for agent in attempt.agents:
             i = agent.task_index
             if agent.host_index in skip:
                 continue
@@ -118,7 +79,7 @@ class Ingest:
             if agent.host_index in watch.host_error or base is None:
                 # Unreachable for now (the poller retries); its heartbeat age keeps growing,
                 # so a host that stays away is caught by the timeout.
-                base = self.unreachable(i, group.plan.tasks[i], watch)
+                base = self.unreachable(i, attempt.plan.tasks[i], watch)
             observations.append(
                 dataclasses.replace(
                     base,
@@ -131,8 +92,7 @@ class Ingest:
 
     def _take(
         self,
-        group: Group,
-        watch: Watch,
+        attempt: Attempt,
         agents: list[AgentRef],
         result: PollResult,
         now_mono: float,
@@ -140,13 +100,14 @@ class Ingest:
         round_: _Round,
     ) -> None:
         """One host's answer: its tasks' new lines, statuses and observations."""
+        watch = attempt.watch
         seen = result.seen
         assert seen is not None
         alive = seen.alive if seen.alive is not None else {a.pid for a in agents}
         for k, agent in enumerate(agents):
             i = agent.task_index
-            task = group.plan.tasks[i]
-            tailer = self.tailers[i]
+            task = attempt.plan.tasks[i]
+            tailer = attempt.tailers[i]
             if k < len(result.offsets) and tailer.offset == result.offsets[k]:
                 self.sink.task_lines(i, task.host_label, tailer.feed(seen.files[k]))
             raw = seen.statuses[k] if k < len(seen.statuses) else None
@@ -154,10 +115,10 @@ class Ingest:
             if changed:
                 watch.raw_status[i] = raw
                 status = parse_status(raw)
-                if status is not None and status.attempt != group.attempt:
+                if status is not None and status.attempt != attempt.number:
                     status = None  # left over from an earlier attempt
                 watch.status[i] = status
-                self._status_seen(group, watch, i, status, now_mono, now, round_)
+                self._status_seen(attempt, i, status, now_mono, now, round_)
             status = watch.status[i]
             state = task_state_of(status, agent.pid in alive)
             last = watch.last.get(i, {})
@@ -178,8 +139,7 @@ class Ingest:
 
     def _status_seen(
         self,
-        group: Group,
-        watch: Watch,
+        attempt: Attempt,
         i: int,
         status: TaskStatus | None,
         now_mono: float,
@@ -187,6 +147,7 @@ class Ingest:
         round_: _Round,
     ) -> None:
         """A task's status file changed: its heartbeat and step on our clock, its row."""
+        watch = attempt.watch
         progress = status.progress if status is not None else None
         if status is not None and status.seq != watch.seq.get(i):
             watch.seq[i] = status.seq
@@ -220,7 +181,7 @@ class Ingest:
             kept = watch.resources_kept.get(i)
             if status.resources and (kept is None or now_mono - kept >= RESOURCE_SAMPLE_EVERY):
                 watch.resources_kept[i] = now_mono
-                sample = ResourceSample.of(i, group.attempt, status.resources)
+                sample = ResourceSample.of(i, attempt.number, status.resources)
                 round_.resources.append(dataclasses.replace(sample, ts=now))
         if row != watch.last.get(i):
             if progress is not None and progress.step != watch.last.get(i, {}).get("step"):
@@ -228,7 +189,7 @@ class Ingest:
                     Sample(
                         i,
                         now,
-                        group.attempt,
+                        attempt.number,
                         progress.epoch,
                         progress.step,
                         progress.loss,

@@ -1,13 +1,17 @@
-"""The job state machine: which state may follow which, and the one place a supervisor writes a
-job's state to the store (with whatever else changes in the same step)."""
+"""The job state machine: which state may follow which, and the one place anything writes a job's
+state or cause to the store (with whatever else changes in the same step): a supervisor, a
+stop without one, a resume, a supervisor that could not be made."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from orchestrator.errors import OrchestrateError, UsageError
+from orchestrator.job_records import needs_stop
 from orchestrator.states import JobState
-from orchestrator.store import Store
+from orchestrator.store import JobRecord, Store
 
 _ENDINGS = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.STOPPED})
 
@@ -18,7 +22,9 @@ LEGAL: dict[JobState, frozenset[JobState]] = {
     | _ENDINGS,
     JobState.LAUNCHING: frozenset({JobState.RUNNING, JobState.STOPPING}) | _ENDINGS,
     JobState.RUNNING: frozenset({JobState.RUNNING, JobState.STOPPING}) | _ENDINGS,
-    JobState.STOPPING: frozenset({JobState.RESTARTING, JobState.RUNNING}) | _ENDINGS,
+    # STOPPING again: a stop without a supervisor that still could not confirm every task.
+    JobState.STOPPING: frozenset({JobState.RESTARTING, JobState.RUNNING, JobState.STOPPING})
+    | _ENDINGS,
     JobState.RESTARTING: frozenset({JobState.RUNNING, JobState.STOPPING}) | _ENDINGS,
     JobState.SUCCEEDED: frozenset(),
     JobState.FAILED: frozenset(),
@@ -55,6 +61,13 @@ class JobStateMachine:
         self.store.update_job(self.job_id, state=new, **fields)
         self.state = new
 
+    def note_cause(self, cause: str) -> None:
+        """Why the job is where it is, while its state stays (waiting for a host or a queue)."""
+        self.store.update_job(self.job_id, last_cause=cause)
+
+    def cause(self) -> str:
+        return self.store.get_job(self.job_id).last_cause
+
     def claim(
         self, new: JobState, supervisor: tuple[int, str, str], replacing: tuple[int | None, str]
     ) -> None:
@@ -76,3 +89,53 @@ class JobStateMachine:
             raise IllegalTransition(f"job state {self.state.value} cannot be resumed")
         self.store.update_job(self.job_id, state=JobState.PENDING, ended=None, **fields)
         self.state = JobState.PENDING
+
+
+def fail_job(store: Store, job_id: str, cause: str) -> None:
+    """End a job FAILED that no supervisor will end: its supervisor could not be made, or died
+    before it ran the job."""
+    machine = JobStateMachine(store, job_id)
+    if not machine.state.is_terminal():
+        machine.to(JobState.FAILED, last_cause=cause)
+        store.add_event(job_id, "failed", cause)
+
+
+@contextmanager
+def failing_job_on_error(store: Store, job_id: str) -> Iterator[None]:
+    """Whatever goes wrong while a supervisor is being made (a bad host entry that fabric
+    refuses, an unwritable ORCHESTRATE_HOME) ends the job FAILED with its cause, not PENDING
+    forever; nothing has been started yet."""
+    try:
+        yield
+    except OrchestrateError as exc:
+        fail_job(store, job_id, str(exc))
+        raise
+    except Exception as exc:
+        fail_job(store, job_id, f"{type(exc).__name__}: {exc}")
+        raise
+
+
+def reopen_for_resume(store: Store, job: JobRecord) -> JobRecord:
+    """Make a failed or stopped job PENDING again for its next attempt (same id, same shared
+    directory, so its checkpoints), with a fresh restart budget. Refused, in one line, for a
+    job still running, one that succeeded, or one whose stop was never confirmed."""
+    if not job.state.is_terminal():
+        raise UsageError(f"job {job.id} is {job.state.value}: only a failed or stopped job resumes")
+    if job.state not in RESUMABLE:
+        raise UsageError(f"job {job.id} already {job.state.value}: nothing to resume")
+    if needs_stop(store, job):
+        raise UsageError(
+            f"job {job.id}: its stop was never confirmed: run `orchestrate stop {job.id}` first"
+        )
+    JobStateMachine(store, job.id).reopen(
+        attempt=job.attempt + 1,
+        budget_base=job.restarts - job.preemptions,
+        last_cause="",
+        supervisor_pid=None,
+        supervisor_ident="",
+        hosts_json="",  # every host of cluster.toml again, spares as spares
+    )
+    store.add_event(
+        job.id, "resumed", f"resumed after {job.state.value}: attempt {job.attempt + 1}"
+    )
+    return store.get_job(job.id)

@@ -6,6 +6,7 @@ the supervisor wrote)."""
 from __future__ import annotations
 
 import re
+import sys
 import time
 from dataclasses import dataclass
 from datetime import datetime
@@ -13,6 +14,9 @@ from pathlib import Path
 
 from orchestrator.errors import UsageError
 from orchestrator.logstream import times_path
+from orchestrator.paths import log_copies_dir
+from orchestrator.store import JobRecord, Store
+from orchestrator.terminal_text import safe
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
@@ -189,3 +193,42 @@ def select(lines: list[LogLine], since: float | None, pattern: Grep | None) -> l
         return recent
     hits = pattern.matching([ln.text for ln in recent])
     return [ln for i, ln in enumerate(recent) if i in hits]
+
+
+def follow_logs(
+    store: Store,
+    job: JobRecord,
+    task: str | None,
+    follow: bool,
+    timestamps: bool,
+    since: str | None,
+    grep: str | None,
+) -> None:
+    """`orchestrate logs`: the chosen tasks' durable copies, prefixed by task, in the order the
+    lines arrived; with `follow`, on until the job ends."""
+    tasks = store.tasks(job.id)
+    indexes = parse_tasks(task, len(tasks)) if task is not None else [t.idx for t in tasks]
+    pattern = parse_grep(grep)
+    after = parse_since(since, time.time()) if since is not None else None
+    chosen = [t for t in tasks if t.idx in indexes]
+    log_dir = log_copies_dir(job.id)
+    readers = {t.idx: TimedLog(log_dir / f"worker-{t.idx}.log") for t in chosen}
+    shown = safe if sys.stdout.isatty() else str  # a terminal: escape what drives it
+    while True:
+        last = not follow or store.get_job(job.id).state.is_terminal()
+        batch = []
+        for t in chosen:
+            prefix = "" if len(chosen) == 1 and task is not None else f"[worker-{t.idx} {t.host}] "
+            for line in select(readers[t.idx].read(final=last), after, pattern):
+                batch.append((line.ts or 0.0, t.idx, prefix, line))
+        batch.sort(key=lambda item: (item[0], item[1]))  # by arrival; each task's order kept
+        sys.stdout.write(
+            "".join(
+                (stamp(line.ts) + " " if timestamps else "") + prefix + shown(line.text) + "\n"
+                for _, _, prefix, line in batch
+            )
+        )
+        sys.stdout.flush()
+        if last:
+            break
+        time.sleep(0.3)

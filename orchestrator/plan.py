@@ -1,6 +1,6 @@
 """Pure planning: config -> ordered task slots -> LaunchPlan -> one TF_CONFIG per task. No I/O.
 
-MWMS facts this module encodes (the README's "How a launch flows"): every task gets the
+MWMS facts this module encodes (docs/architecture.md, "How a launch flows"): every task gets the
 identical `cluster` dict, built once in cluster.toml order; `task.index` is the position in
 that list; with no `chief` job, worker 0 is chief.
 """
@@ -12,17 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.config import (
-    ClusterConfig,
-    LocalBackend,
-    SlurmBackend,
-    SshBackend,
-    host_gpus_per_task,
-    host_slots,
-)
-
-LOOPBACK = "127.0.0.1"
-LOCAL_HOST_LABEL = "local"
+from orchestrator.config import MAX_PORT, ClusterConfig, host_gpus_per_task, host_slots
+from orchestrator.errors import LaunchError
 
 
 @dataclass(frozen=True)
@@ -76,15 +67,14 @@ class LaunchPlan:
         return json.dumps(self.tf_config(index), separators=(",", ":"))
 
 
+def host_labels(config: ClusterConfig) -> list[str]:
+    """Every host's label, by position in cluster.toml."""
+    return [place.label for place in config.backend.places()]
+
+
 def initial_hosts(config: ClusterConfig) -> tuple[int, ...]:
     """The hosts a job starts on: every host in cluster.toml but the spares."""
-    backend = config.backend
-    if isinstance(backend, LocalBackend):
-        return (0,)
-    if isinstance(backend, SlurmBackend):
-        return tuple(range(backend.nodes))
-    assert isinstance(backend, SshBackend)
-    return tuple(h for h, host in enumerate(backend.hosts) if not host.spare)
+    return tuple(h for h, place in enumerate(config.backend.places()) if not place.spare)
 
 
 def task_slots(
@@ -112,19 +102,10 @@ def task_slots(
         g = host_gpus_per_task(backend, h)
         return tuple(range(s * g, s * g + g))
 
-    if isinstance(backend, LocalBackend):
-        return [HostSlot(0, LOCAL_HOST_LABEL, LOOPBACK, i, gpus(0, i)) for i in range(count(0))]
-    if isinstance(backend, SlurmBackend):  # nodes are Slurm's choice: named once allocated
-        return [
-            HostSlot(n, slurm_node_label(n), "", s)
-            for n in range(backend.nodes)
-            for s in range(backend.tasks_per_node)
-        ]
-    assert isinstance(backend, SshBackend)
     chosen = set(initial_hosts(config) if hosts is None else hosts)
     return [
-        HostSlot(h, host.label, host.address, s, gpus(h, s))
-        for h, host in enumerate(backend.hosts)
+        HostSlot(h, place.label, place.address, s, gpus(h, s))
+        for h, place in enumerate(backend.places())
         if h in chosen
         for s in range(count(h))
     ]
@@ -132,16 +113,8 @@ def task_slots(
 
 def per_gpu_hosts(config: ClusterConfig) -> list[int]:
     """Hosts (by position) whose task count is their GPU count ("per_gpu")."""
-    backend = config.backend
-    if isinstance(backend, SlurmBackend):
-        return []
-    count = len(backend.hosts) if isinstance(backend, SshBackend) else 1
-    return [h for h in range(count) if host_slots(backend, h) is None]
-
-
-def slurm_node_label(n: int) -> str:
-    """A Slurm node's label until the allocation names it."""
-    return f"node{n}"
+    places = config.backend.places()
+    return [h for h in range(len(places)) if host_slots(config.backend, h) is None]
 
 
 @dataclass(frozen=True)
@@ -191,6 +164,32 @@ def fixed_ports(config: ClusterConfig, slots: Sequence[HostSlot]) -> list[int] |
         per_host[slot.host_index] = n + 1
         ports.append(base + n)
     return ports
+
+
+def plan_on_hosts(
+    config: ClusterConfig,
+    free_ports: Mapping[int, Sequence[int]],
+    gpu_counts: Mapping[int, int],
+    hosts: Sequence[int] | None = None,
+) -> LaunchPlan:
+    """The plan of a launch on these hosts (default: those a job starts on): ports fixed by
+    `ports.base`, or those each host's preflight found free; a "per_gpu" host gets a task per
+    GPUs its preflight counted."""
+    slots = task_slots(config, hosts, gpu_counts)
+    ports = fixed_ports(config, slots)
+    if ports and max(ports) > MAX_PORT:  # "per_gpu" tasks from a fixed ports.base
+        raise LaunchError(
+            f"ports.base: {config.ports.base} + the task(s) on a host counted from its GPUs "
+            f"need ports up to {max(ports)} (> {MAX_PORT})"
+        )
+    if ports is None:
+        taken: dict[int, int] = {}
+        ports = []
+        for slot in slots:
+            n = taken.get(slot.host_index, 0)
+            taken[slot.host_index] = n + 1
+            ports.append(free_ports[slot.host_index][n])
+    return build_plan(config, ports, hosts, gpu_counts)
 
 
 def build_plan(

@@ -44,6 +44,7 @@ class JobRecord:
     hosts_json: str = ""  # host_pool.HostPool: which hosts train, wait, stand by or rest
     budget_base: int = 0  # counted restarts before the last `resume`: a resume starts afresh
     scheduler_job: str = ""  # the Slurm job id of the job's allocation ("": none)
+    forced: bool = False  # `launch --force`: GPUs busy with other programs are used anyway
 
 
 @dataclass(frozen=True)
@@ -133,6 +134,7 @@ _JOB_UPDATABLE = frozenset(_JOB_COLUMNS) - {"id"}
 def _job(row: sqlite3.Row) -> JobRecord:
     data = dict(row)
     data["state"] = JobState(data["state"])
+    data["forced"] = bool(data["forced"])
     return JobRecord(**data)
 
 

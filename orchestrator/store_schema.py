@@ -11,9 +11,11 @@ from pathlib import Path
 
 from orchestrator.errors import UsageError
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
-SCHEMA = """
+# The first schema. A new store is made as a store of this schema upgraded by every migration
+# below, so that the path an old store takes is the path every new store takes too.
+FIRST_SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
     id TEXT PRIMARY KEY,
     name TEXT NOT NULL,
@@ -30,11 +32,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     preemptions INTEGER NOT NULL DEFAULT 0,
     last_cause TEXT NOT NULL DEFAULT '',
     supervisor_pid INTEGER,
-    supervisor_host TEXT NOT NULL DEFAULT '',
-    supervisor_ident TEXT NOT NULL DEFAULT '',
-    hosts_json TEXT NOT NULL DEFAULT '',
-    budget_base INTEGER NOT NULL DEFAULT 0,
-    scheduler_job TEXT NOT NULL DEFAULT ''
+    supervisor_host TEXT NOT NULL DEFAULT ''
 );
 CREATE TABLE IF NOT EXISTS tasks (
     job_id TEXT NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,
@@ -55,14 +53,6 @@ CREATE TABLE IF NOT EXISTS tasks (
     steps_per_sec REAL,
     heartbeat_at REAL,
     first_step_at REAL,
-    phase TEXT NOT NULL DEFAULT '',
-    step_signal TEXT NOT NULL DEFAULT '',
-    total_epochs INTEGER NOT NULL DEFAULT 0,
-    steps_per_epoch INTEGER NOT NULL DEFAULT 0,
-    epoch_step INTEGER NOT NULL DEFAULT 0,
-    agent_ident TEXT NOT NULL DEFAULT '',
-    resources TEXT,
-    straggler TEXT NOT NULL DEFAULT '',
     PRIMARY KEY (job_id, idx)
 );
 CREATE TABLE IF NOT EXISTS events (
@@ -85,7 +75,7 @@ CREATE TABLE IF NOT EXISTS samples (
     steps_per_sec REAL
 );
 CREATE INDEX IF NOT EXISTS samples_by_job ON samples(job_id, task, ts);
-{RESOURCE_SAMPLES}"""
+"""
 
 RESOURCE_SAMPLES = """
 CREATE TABLE IF NOT EXISTS resource_samples (
@@ -104,10 +94,10 @@ CREATE TABLE IF NOT EXISTS resource_samples (
 );
 CREATE INDEX IF NOT EXISTS resource_samples_by_job ON resource_samples(job_id, task, ts);
 """
-SCHEMA = SCHEMA.replace("{RESOURCE_SAMPLES}", RESOURCE_SAMPLES)
 
 # From each older schema to the next: a store keeps its jobs across upgrades.
 MIGRATIONS = {
+    6: ["ALTER TABLE jobs ADD COLUMN forced INTEGER NOT NULL DEFAULT 0"],
     5: [
         "ALTER TABLE tasks ADD COLUMN resources TEXT",
         "ALTER TABLE tasks ADD COLUMN straggler TEXT NOT NULL DEFAULT ''",
@@ -179,21 +169,20 @@ def _initialise(db: sqlite3.Connection, path: Path) -> None:
     db.execute("BEGIN EXCLUSIVE")
     try:
         version = db.execute("PRAGMA user_version").fetchone()[0]
-        if _has_schema(db):
-            while version in MIGRATIONS:
-                for statement in MIGRATIONS[version]:
-                    db.execute(statement)
-                version += 1
-            if version != SCHEMA_VERSION:
-                raise UsageError(
-                    f"{path} was written by another version of orchestrate (schema "
-                    f"{version}, this one needs {SCHEMA_VERSION}): move it away to start "
-                    "afresh"
-                )
-        else:
-            for statement in SCHEMA.split(";"):
+        if not _has_schema(db):
+            for statement in FIRST_SCHEMA.split(";"):
                 if statement.strip():
                     db.execute(statement)
+            version = 1
+        while version in MIGRATIONS:
+            for statement in MIGRATIONS[version]:
+                db.execute(statement)
+            version += 1
+        if version != SCHEMA_VERSION:
+            raise UsageError(
+                f"{path} was written by another version of orchestrate (schema "
+                f"{version}, this one needs {SCHEMA_VERSION}): move it away to start afresh"
+            )
         db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
     except BaseException:
         db.execute("ROLLBACK")

@@ -4,8 +4,9 @@ record everything in the store.
 It runs in the foreground (`orchestrate launch`), as a detached background process
 (`orchestrate launch --detach`, i.e. `python -m orchestrator supervise JOB`), or adopts a
 running job whose supervisor died (`orchestrate attach JOB`). It owns the restart loop and is
-the only writer of the job's state; the rules live in monitor.py and restart_policy.py, one
-round of reads in tick.py, and starting and stopping a group in group_control.py.
+the one that moves the job's state (through job_state.py, its only writer); the rules live in
+monitor.py, restart_policy.py and timing.py, one round of reads in tick.py, starting and
+stopping an attempt in attempts.py (the backend does the work), and lost hosts in host_loss.py.
 """
 
 from __future__ import annotations
@@ -20,28 +21,27 @@ import threading
 import time
 from types import FrameType
 
+from orchestrator.agents import AGENT_STOP_MARGIN
+from orchestrator.attempt import Attempt
+from orchestrator.attempts import BROKEN_GROUP_GRACE, AttemptControl
 from orchestrator.backends import Backend, open_backend
-from orchestrator.backends.slurm import SlurmHosts
-from orchestrator.backends.slurm_allocation import AllocationEnded
+from orchestrator.collect import collect_job
 from orchestrator.config import ClusterConfig
-from orchestrator.errors import OrchestrateError
-from orchestrator.group_control import BROKEN_GROUP_GRACE, GroupControl
+from orchestrator.errors import AllocationEnded, HostsUnreachable, OrchestrateError
 from orchestrator.host_loss import Hosts, HostWaitExpired
 from orchestrator.job_state import JobStateMachine
-from orchestrator.jobs import collect_job
-from orchestrator.launcher import (
-    AGENT_STOP_MARGIN,
-    job_layout,
-)
 from orchestrator.logstream import LineSink
 from orchestrator.monitor import decide
 from orchestrator.observations import Decision, FailureKind, Verdict, failure
 from orchestrator.paths import collected_dir, report_png
 from orchestrator.restart_policy import plan_restart
+from orchestrator.specs import job_layout
 from orchestrator.states import JobState, TaskState
+from orchestrator.stop_outcome import unconfirmed_cause
 from orchestrator.store import JobRecord, Store
 from orchestrator.stragglers import StragglerWatch
-from orchestrator.tick import Group, Tick, Watch
+from orchestrator.tick import Tick
+from orchestrator.timing import Timing
 from worker.proctl import identity, not_nested
 from worker.spec import AgentState, Phase
 
@@ -60,25 +60,18 @@ class Supervisor:
         self.config = config
         self.sink = sink
         self.backend = backend or open_backend(config)
-        self.stop_requested = threading.Event()  # before GroupControl, which waits on it
+        self.stop_requested = threading.Event()
         self.layout = job_layout(config, job.id)
         self.attempt = job.attempt
         self.tick = Tick(
-            store,
-            job.id,
-            self.backend,
-            self.layout,
-            sink,
-            config.entrypoint.instrument,
-            config.supervision.host_timeout,
-            config.supervision.keepalive,
-            config.supervision.poll_interval,
-        )
+            store, job.id, self.backend, self.layout, sink,
+            instrumented=config.entrypoint.instrument, timing=Timing.of(config.supervision),
+        )  # fmt: skip
         self.job_state = JobStateMachine(store, job.id)  # the only writer of the job's state
-        self.group = GroupControl(
-            store, job.id, config, self.backend, self.tick, sink, self.stop_requested
+        self.attempts = AttemptControl(
+            store, self.job_state, config, self.backend, self.tick, sink, self.stop_requested
         )
-        self.hosts = Hosts(store, job.id, config, self.group, sink, self.stop_requested)
+        self.hosts = Hosts(store, self.job_state, config, self.backend, sink)
 
     def install_signal_handlers(self) -> None:
         def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -96,15 +89,15 @@ class Supervisor:
         """Supervise a job whose agents are running but whose supervisor is gone."""
         self.store.add_event(self.job.id, "attached", f"supervisor {os.getpid()} adopted the job")
         self.sink.info(f"attached to job {self.job.id} (attempt {self.job.attempt})")
-        group = self.group.adopted(self.job.attempt, self.sink.copy_dir)
-        if len(group.agents) < len(group.plan.tasks):  # died mid-launch: the group is incomplete
+        attempt = self.attempts.adopted(self.job.attempt, self.sink.copy_dir)
+        if len(attempt.agents) < len(attempt.plan.tasks):  # died mid-launch: it is incomplete
             return self._main(
-                adopted=group, first=failure(FailureKind.LOST, "launch was interrupted")
+                adopted=attempt, first=failure(FailureKind.LOST, "launch was interrupted")
             )
-        return self._main(adopted=group)
+        return self._main(adopted=attempt)
 
     # --- the restart loop ---------------------------------------------------------------
-    def _main(self, adopted: Group | None, first: Decision | None = None) -> JobState:
+    def _main(self, adopted: Attempt | None, first: Decision | None = None) -> JobState:
         # Claimed in one store statement: a launch and an `attach` racing for one job leave
         # one supervisor, and the other refuses in one line before it touches anything.
         me = (os.getpid(), identity(os.getpid()) or "", socket.gethostname())
@@ -118,19 +111,18 @@ class Supervisor:
         except Exception as exc:  # a bug of ours: still nothing left running, and a true state
             self._fail_on_error(f"internal error: {type(exc).__name__}: {exc}")
             raise
-        finally:
-            if isinstance(self.backend, SlurmHosts):  # however it ended: so does its allocation
-                self.backend.release(self.layout, self.job_state.state == JobState.SUCCEEDED)
+        finally:  # however it ended: so does what the backend holds for it
+            self.backend.finish(self.layout, self.job_state.state == JobState.SUCCEEDED)
             self.hosts.close()
             self.sink.close()
             self.tick.close()
             self.backend.close()
 
-    def _attempt(self, group: Group | None) -> tuple[Group | None, Decision | None]:
+    def _attempt(self, attempt: Attempt | None) -> tuple[Attempt | None, Decision | None]:
         """Launch (unless adopted) and watch one attempt; a None decision: stop requested."""
-        if group is None:
+        if attempt is None:
             try:
-                group = self._launch(self.attempt)
+                attempt = self._launch(self.attempt)
             except HostWaitExpired as exc:
                 return None, failure(FailureKind.HOST_WAIT, str(exc))
             except AllocationEnded as exc:
@@ -139,16 +131,15 @@ class Supervisor:
                 if self.attempt == 0:
                     raise  # the first launch fails fast: fix the hosts, then relaunch
                 return None, failure(FailureKind.LAUNCH, f"relaunch failed: {exc}")
-            if group is None:  # a stop was requested while waiting for a host
+            if attempt is None:  # a stop was requested while waiting for a host
                 return None, None
-        self.group.live = group
-        return group, self._watch(group)
+        return attempt, self._watch(attempt)
 
     def _fail_on_error(self, cause: str) -> None:
         """An error ends the job FAILED with its cause, after stopping whatever it started.
         No task row is left saying it runs: what the stop confirmed is `stopped`, the rest
         `lost` (its end is not known); `unreachable` rows stay (a later stop retries them)."""
-        confirmed = self.group.stop_everything()
+        confirmed = self.attempts.stop_everything()
         with contextlib.suppress(Exception):  # the store may be what failed
             tasks = self.store.tasks(self.job.id)
             open_rows = [t for t in tasks if t.state.is_running() or t.state == TaskState.PENDING]
@@ -157,38 +148,37 @@ class Supervisor:
         if not self.job_state.state.is_terminal():
             self._finish(JobState.FAILED, cause)
 
-    def _loop(self, group: Group | None, pending: Decision | None) -> JobState:
+    def _loop(self, attempt: Attempt | None, pending: Decision | None) -> JobState:
         job = self.store.get_job(self.job.id)
         restarts, preemptions = job.restarts, job.preemptions
         while True:
             if pending is not None:
                 decision = pending
             else:
-                group, outcome = self._attempt(group)
+                attempt, outcome = self._attempt(attempt)
                 if outcome is None:
-                    return self._stop_on_request(group)
+                    return self._stop_on_request(attempt)
                 if outcome.verdict == Verdict.SUCCEEDED:
-                    assert group is not None
-                    return self._succeed(group, outcome)
+                    assert attempt is not None
+                    return self._succeed(attempt, outcome)
                 decision = outcome
-            if group is not None and decision.tasks and decision.kind != FailureKind.HOST_LOST:
-                decision = self.group.name_shared_dir_trouble(group, decision)
+            if attempt is not None and decision.tasks and decision.kind != FailureKind.HOST_LOST:
+                decision = self.attempts.name_shared_dir_trouble(attempt, decision)
             self.job_state.to(JobState.STOPPING, last_cause=decision.cause)
             regrow = decision.kind == FailureKind.REGROW
             kind = "regrow" if regrow else "failure"
             self.store.add_event(self.job.id, kind, decision.cause, *decision.tasks[:1])
             self.sink.info(f"{decision.cause}: stopping every task")
-            watch = self.group.watch
-            if group is not None:
+            if attempt is not None:
                 preempted = decision.exit_code == self.config.restart.preemption_exit_code
                 graceful = preempted or regrow
                 grace = self.config.supervision.stop_grace if graceful else BROKEN_GROUP_GRACE
                 lost = set(decision.hosts) if decision.kind == FailureKind.HOST_LOST else set()
-                self.group.stop(group, grace, lost | set(watch.host_error))
+                self.attempts.stop(attempt, grace, lost | set(attempt.watch.host_error))
             if regrow:
                 self.hosts.grow_back(decision)
             else:
-                self.hosts.record_failure(group, decision, watch)
+                self.hosts.record_failure(attempt, decision)
             restart = plan_restart(
                 decision,
                 self.config.restart,
@@ -211,44 +201,55 @@ class Supervisor:
             if self.stop_requested.wait(restart.delay):
                 return self._stop_on_request(None)
             self.attempt += 1
-            group, pending = None, None
+            attempt, pending = None, None
 
-    def _launch(self, attempt: int) -> Group | None:
-        group = self.hosts.launch(attempt)
-        if group is None:
+    def _launch(self, number: int) -> Attempt | None:
+        """Start attempt `number` on the hosts the pool chooses. A host that cannot be reached
+        is waited for (re-probed with backoff, up to host_wait: these tries are not attempts,
+        nothing started), replaced by a spare, or left out (min_workers); the first launch
+        fails fast instead. None: a stop was requested while waiting."""
+        while True:
+            try:
+                attempt = self.attempts.start(number, self.hosts.for_launch())
+            except HostsUnreachable as exc:
+                if number == 0:
+                    raise  # the first launch fails fast: fix the hosts, then relaunch
+                wait = self.hosts.unreachable(exc.hosts)
+                if self.stop_requested.wait(wait):
+                    return None
+                continue
+            break
+        if attempt is None:  # a stop was requested while the allocation waited
             return None
-        self.job_state.to(JobState.RUNNING, attempt=attempt)
+        self.hosts.launched(attempt)
+        self.job_state.to(JobState.RUNNING, attempt=number)
         self.store.add_event(
-            self.job.id, "launched", f"attempt {attempt}: {len(group.agents)} task(s) started"
+            self.job.id, "launched", f"attempt {number}: {len(attempt.agents)} task(s) started"
         )
         self.sink.info(
-            f"job {self.job.id}: {len(group.agents)} task(s) running; "
-            + ", ".join(f"worker-{t.index}={t.endpoint}" for t in group.plan.tasks)
+            f"job {self.job.id}: {len(attempt.agents)} task(s) running; "
+            + ", ".join(f"worker-{t.index}={t.endpoint}" for t in attempt.plan.tasks)
         )
-        return group
+        return attempt
 
     # --- watching ---------------------------------------------------------------------
-    def _watch(self, group: Group) -> Decision | None:
-        """Poll until the group needs a decision; None when a stop was requested."""
-        watch = Watch(started=time.monotonic())
-        for t in self.store.tasks(self.job.id):  # adopted tasks may be past their first step
-            if t.first_step_at is not None and t.attempt == group.attempt:
-                watch.first_step.add(t.idx)
-        self.group.watch = watch
-        self.tick.begin(group, watch)
+    def _watch(self, attempt: Attempt) -> Decision | None:
+        """Poll until the attempt needs a decision; None when a stop was requested."""
+        self.tick.begin(attempt)
         try:
-            decision = self._decide_until_done(group, watch)
-            self.tick.settle(group, watch)  # what the stop that follows should not wait on
+            decision = self._decide_until_done(attempt)
+            self.tick.settle(attempt)  # what the stop that follows should not wait on
             return decision
         finally:
             self.tick.end()
 
-    def _decide_until_done(self, group: Group, watch: Watch) -> Decision | None:
+    def _decide_until_done(self, attempt: Attempt) -> Decision | None:
         sup = self.config.supervision
+        watch = attempt.watch
         stragglers = StragglerWatch(sup.straggler_threshold)
         while not self.stop_requested.is_set():
-            observations = self.tick.next(group, watch, sup.poll_interval)
-            lost = self.hosts.lost(group, watch)
+            observations = self.tick.next(attempt, sup.poll_interval)
+            lost = self.hosts.lost(attempt)
             if lost is not None:  # before the rules: its tasks' errors follow from it
                 return lost
             elapsed = time.monotonic() - watch.started
@@ -261,26 +262,27 @@ class Supervisor:
             )
             if decision.verdict != Verdict.CONTINUE:
                 return decision
-            regrow = self.hosts.regrow(group, watch)
+            regrow = self.hosts.regrow(attempt)
             if regrow is not None:
                 return regrow
             watch.startup_passed = elapsed > sup.startup_deadline
-            self._judge_stragglers(stragglers, group, watch)
+            self._judge_stragglers(stragglers, attempt)
         return None
 
-    def _judge_stragglers(self, stragglers: StragglerWatch, group: Group, watch: Watch) -> None:
+    def _judge_stragglers(self, stragglers: StragglerWatch, attempt: Attempt) -> None:
         """A warning (event, console line and `status` column) when a task holds the group
         back, and when it no longer does; never a failure."""
         # Evidence only while every task trains: in the first seconds, and in the last ones
         # (the chief saving, or gone), the shares of waiting say nothing about a straggler.
+        watch = attempt.watch
         training = list(watch.status.values())
-        if len(training) < len(group.plan.tasks) or not all(
+        if len(training) < len(attempt.plan.tasks) or not all(
             s is not None and s.state == AgentState.RUNNING and s.progress.phase == Phase.TRAINING
             for s in training
         ):
             return
         resources = {i: s.resources if s else None for i, s in watch.status.items()}
-        hosts = {t.index: t.host_index for t in group.plan.tasks}
+        hosts = {t.index: t.host_index for t in attempt.plan.tasks}
         changes = stragglers.judge(time.monotonic(), resources, hosts)
         for change in changes:
             message = change.message()
@@ -294,32 +296,29 @@ class Supervisor:
             )  # fmt: skip
 
     # --- ending -----------------------------------------------------------------------
-    def _succeed(self, group: Group, outcome: Decision) -> JobState:
+    def _succeed(self, attempt: Attempt, outcome: Decision) -> JobState:
         # The chief succeeded: the others are normally exiting too; give them a moment.
         deadline = time.monotonic() + self.config.supervision.stop_grace
         while time.monotonic() < deadline and not self.stop_requested.is_set():
-            if not self.tick.alive_agents(group.agents):
+            if not self.tick.alive_agents(attempt.agents):
                 break
             time.sleep(self.config.supervision.poll_interval)
-        self.group.stop(group, self.config.supervision.stop_grace + AGENT_STOP_MARGIN)
+        self.attempts.stop(attempt, self.config.supervision.stop_grace + AGENT_STOP_MARGIN)
         self._collect()
         self._finish(JobState.SUCCEEDED, outcome.cause)
         return JobState.SUCCEEDED
 
-    def _stop_on_request(self, group: Group | None) -> JobState:
+    def _stop_on_request(self, attempt: Attempt | None) -> JobState:
         self.job_state.to(JobState.STOPPING)
         self.sink.info("stop requested: stopping every task")
-        if group is not None:  # else between attempts: only what earlier stops left
-            lost = set(self.group.watch.host_error)
-            self.group.stop(group, self.config.supervision.stop_grace + AGENT_STOP_MARGIN, lost)
-        stuck = self.group.leftovers
+        if attempt is not None:  # else between attempts: only what earlier stops left
+            grace = self.config.supervision.stop_grace + AGENT_STOP_MARGIN
+            self.attempts.stop(attempt, grace, set(attempt.watch.host_error))
+        stuck = self.attempts.leftovers
         if stuck:  # not confirmed: the job stays STOPPING, and says what a later stop must do
             hosts = sorted({self.hosts.labels[a.host_index] for a in stuck})
-            cause = (
-                f"stop not confirmed: {', '.join(hosts)} unreachable; "
-                f"run `orchestrate stop {self.job.id}` again once it is back"
-            )
-            self.store.update_job(self.job.id, last_cause=cause)
+            cause = unconfirmed_cause(self.job.id, f"{', '.join(hosts)} unreachable")
+            self.job_state.note_cause(cause)
             self.store.add_event(self.job.id, "stop_unconfirmed", cause)
             self.sink.info(cause)
             return JobState.STOPPING
@@ -333,9 +332,8 @@ class Supervisor:
             self.store.add_event(self.job.id, "collect_failed", str(exc))
 
     def _finish(self, state: JobState, cause: str) -> None:
-        if isinstance(self.backend, SlurmHosts):  # over before the job says so
-            self.backend.release(self.layout, state == JobState.SUCCEEDED)
-        self.group.end_standbys()
+        self.backend.finish(self.layout, state == JobState.SUCCEEDED)  # before the job says so
+        self.attempts.end_standbys()
         self.job_state.to(state, last_cause=cause)
         self.store.add_event(self.job.id, state.value, cause)
         self.sink.info(f"job {self.job.id} {state.value}: {cause}")

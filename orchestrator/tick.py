@@ -15,49 +15,37 @@ import queue
 import time
 from collections.abc import Collection
 
-from orchestrator.backends import Backend
+from orchestrator.agents import AgentRef, TransportHosts
+from orchestrator.attempt import Attempt, agents_by_host
 from orchestrator.fanout import Fanout
-from orchestrator.host_poller import (
-    MIN_READ_TIMEOUT,
-    HostPoller,
-    PollResult,
-    PollTarget,
-    read_timeout,
-)
-from orchestrator.ingest import Group, Ingest, Watch, agents_by_host
-from orchestrator.launcher import AgentRef
-from orchestrator.logstream import LineSink, LogTailer
+from orchestrator.host_poller import HostPoller, PollResult, PollTarget
+from orchestrator.ingest import Ingest
+from orchestrator.logstream import LineSink
 from orchestrator.observations import TaskObservation
 from orchestrator.store import Store
+from orchestrator.timing import Timing
 from worker import host_watch
 from worker.spec import JobLayout
 
-# Group, Watch and agents_by_host are the ingest's values; the supervisor's side imports them
-# from here, with the rounds that use them.
-__all__ = ["Group", "Tick", "Watch", "agents_by_host"]
-
 
 class Tick:
-    """The reads and bookkeeping of a job's rounds; it keeps each task's log tailer, the host
-    pollers of the group being watched, and a thread pool for one-off rounds."""
+    """The reads and bookkeeping of a job's rounds; it keeps the host pollers of the attempt
+    being watched, and a thread pool for one-off rounds."""
 
     def __init__(
         self,
         store: Store,
         job_id: str,
-        backend: Backend,
+        backend: TransportHosts,
         layout: JobLayout,
         sink: LineSink,
+        *,
         instrumented: bool,
-        host_timeout: float = 5.0,
-        keepalive: float = 1.0,
-        retry_delay: float = 0.2,
+        timing: Timing,
     ) -> None:
         self.backend = backend
         self.layout = layout
-        self.host_timeout = host_timeout
-        self.keepalive = keepalive
-        self.retry_delay = retry_delay
+        self.timing = timing
         self._ingest = Ingest(store, job_id, sink, instrumented)
         self.fanout = Fanout()  # one-off rounds: every host read at once
         self._pollers: list[HostPoller] = []
@@ -68,23 +56,21 @@ class Tick:
         self.fanout.close()
 
     # --- watching a group: long polls ---------------------------------------------------
-    def begin(self, group: Group, watch: Watch, skip: Collection[int] = ()) -> None:
-        """Start one poller per host of the group (but those in `skip`)."""
+    def begin(self, attempt: Attempt, skip: Collection[int] = ()) -> None:
+        """Start one poller per host of the attempt (but those in `skip`)."""
         self.end()
         self._answers = queue.SimpleQueue()  # answers of earlier pollers are not this group's
-        for h, agents in agents_by_host(group.agents).items():
+        for h, agents in agents_by_host(attempt.agents).items():
             if h in skip:
                 continue
             target = self._target(h, agents)
             poller = HostPoller(
                 target,
                 self.backend.transport(h),
-                [self.tailers[a.task_index].offset for a in agents],
+                [attempt.tailers[a.task_index].offset for a in agents],
                 self._answers,
-                wait=self.keepalive,
+                timing=self.timing,
                 step=host_watch.STEP,
-                host_timeout=self.host_timeout,
-                retry_delay=self.retry_delay,
             )
             poller.start()
             self._pollers.append(poller)
@@ -94,7 +80,7 @@ class Tick:
             poller.stop()
         self._pollers = []
 
-    def next(self, group: Group, watch: Watch, interval: float) -> list[TaskObservation]:
+    def next(self, attempt: Attempt, interval: float) -> list[TaskObservation]:
         """The hosts' answers of the next `interval` seconds (sooner on an urgent one), then
         every task's observation."""
         results: list[PollResult] = []
@@ -118,40 +104,35 @@ class Tick:
                         results.append(self._answers.get_nowait())
                     except queue.Empty:
                         break
-        return self._ingest.ingest(group, watch, results)
+        return self._ingest.ingest(attempt, results)
 
-    def settle(self, group: Group, watch: Watch) -> None:
+    def settle(self, attempt: Attempt) -> None:
         """Before the group is stopped: wait (at most host_timeout) until every host has
         answered within a keep-alive or its read has failed, so that the stop is not sent to
         a host that has just stopped answering (it is skipped and its tasks left unconfirmed,
         as a host lost before the stop)."""
-        deadline = time.monotonic() + self.host_timeout
-        hosts = agents_by_host(group.agents)
+        watch = attempt.watch
+        deadline = time.monotonic() + self.timing.host_timeout
+        hosts = agents_by_host(attempt.agents)
         while time.monotonic() < deadline and self._pollers:
             now = time.monotonic()
-            overdue = [
-                h
-                for h in hosts
-                if h not in watch.host_error
-                and now - watch.host_ok.get(h, watch.started) > self.keepalive + MIN_READ_TIMEOUT
-            ]
-            if not overdue:
+            if not self.timing.overdue_hosts(
+                hosts, watch.host_ok, watch.host_error, watch.started, now
+            ):
                 return
-            self.next(group, watch, 0.1)
+            self.next(attempt, 0.1)
 
     # --- one round of immediate reads -----------------------------------------------------
-    def observe(
-        self, group: Group, watch: Watch, skip: Collection[int] = ()
-    ) -> list[TaskObservation]:
+    def observe(self, attempt: Attempt, skip: Collection[int] = ()) -> list[TaskObservation]:
         """One round of reads of every host but those in `skip` (lost: not waited on), all at
         once, each answered at once."""
-        now = time.monotonic()
-        by_host = {h: a for h, a in agents_by_host(group.agents).items() if h not in skip}
+        now, watch = time.monotonic(), attempt.watch
+        by_host = {h: a for h, a in agents_by_host(attempt.agents).items() if h not in skip}
 
         def read(h: int) -> PollResult:
             target = self._target(h, by_host[h])
-            offsets = tuple(self.tailers[a.task_index].offset for a in by_host[h])
-            timeout = read_timeout(self.host_timeout, 0.0, now - watch.host_ok.get(h, now))
+            offsets = tuple(attempt.tailers[a.task_index].offset for a in by_host[h])
+            timeout = self.timing.read_timeout(0.0, now - watch.host_ok.get(h, now))
             files = [*zip(target.logs, offsets, strict=True),
                      *((path, 0) for path in target.statuses)]  # fmt: skip
             seen = self.backend.transport(h).observe(
@@ -168,16 +149,7 @@ class Tick:
         results += [PollResult(h, now, (), error=e) for h, e in reads.failed.items()]
         # On the round's clock from before the reads: a slow host must not age the heartbeats
         # of the hosts read beside it.
-        return self._ingest.ingest(group, watch, results, skip, now)
-
-    # --- turning answers into observations (orchestrator.ingest) -----------------------------
-    @property
-    def tailers(self) -> dict[int, LogTailer]:
-        return self._ingest.tailers
-
-    @tailers.setter
-    def tailers(self, tailers: dict[int, LogTailer]) -> None:
-        self._ingest.tailers = tailers
+        return self._ingest.ingest(attempt, results, skip, now)
 
     def _target(self, host: int, agents: list[AgentRef]) -> PollTarget:
         return PollTarget(
@@ -185,17 +157,6 @@ class Tick:
             tuple(a.process for a in agents),
             tuple(str(self.layout.log_path(a.task_index)) for a in agents),
             tuple(str(self.layout.status_path(a.task_index)) for a in agents),
-        )
-
-    def lost_hosts(self, group: Group, watch: Watch) -> list[int]:
-        """Hosts whose reads have failed for host_timeout (counted from the attempt's start for
-        a host never read yet): lost, whatever their tasks last said."""
-        now = time.monotonic()
-        return sorted(
-            h
-            for h in agents_by_host(group.agents)
-            if h in watch.host_error
-            and now - watch.host_ok.get(h, watch.started) >= self.host_timeout
         )
 
     def alive_agents(self, agents: list[AgentRef]) -> set[int]:

@@ -11,7 +11,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.host_pool import HostPool, describe_hosts
-from orchestrator.jobs import supervisor_alive
+from orchestrator.job_records import supervisor_alive
 from orchestrator.states import TaskState
 from orchestrator.store import JobRecord, Store, TaskRecord
 from worker.spec import Phase, Resources, StepSignal, remaining_steps
@@ -327,8 +327,8 @@ def render_dry_run(cfg: ClusterConfig) -> None:
     """`launch --dry-run`: the plan, the trainer's command and each task's TF_CONFIG."""
     from orchestrator.config import host_gpus_per_task
     from orchestrator.gpus import task_env
-    from orchestrator.launcher import trainer_argv
     from orchestrator.plan import dry_run_plan, per_gpu_hosts
+    from orchestrator.specs import entrypoint_command
 
     plan = dry_run_plan(cfg)
     per_gpu = set(per_gpu_hosts(cfg))
@@ -337,7 +337,7 @@ def render_dry_run(cfg: ClusterConfig) -> None:
         f"{cfg.backend.type} backend, shared_dir {cfg.job.shared_dir}"
     )
     through = " (through orchestrate's bootstrap)" if cfg.entrypoint.instrument else ""
-    _write(f"trainer: {' '.join(trainer_argv(cfg, '<python>'))}{through}")
+    _write(f"trainer: {' '.join(entrypoint_command(cfg, '<python>'))}{through}")
     for task in plan.tasks:
         gpus = ""
         if task.host_index in per_gpu:
@@ -358,24 +358,7 @@ def render_dry_run(cfg: ClusterConfig) -> None:
         )
     if any(t.port is None for t in plan.tasks):
         _write("(auto ports are probed free on each host at launch)")
-    if cfg.backend.type == "slurm":
-        import shlex
+    from orchestrator.backends import dry_run_notes
 
-        from orchestrator.backends.slurm_commands import (
-            literal_for_pattern,
-            sbatch_argv,
-            srun_argv,
-        )
-
-        job_dir = f"{cfg.job.shared_dir}/<job>"
-        pattern_dir = literal_for_pattern(job_dir)
-        _write("(nodes are named by Slurm when the allocation runs)")
-        _write("allocation: " + shlex.join(
-            sbatch_argv(
-                cfg, "<job>", f"{pattern_dir}/slurm/batch-%j.out", f"{job_dir}/slurm/release"
-            )
-        ))  # fmt: skip
-        _write("each attempt: " + shlex.join(
-            srun_argv(cfg, "<slurm job>", 0, f"{job_dir}/slurm/attempt-0",
-                      f"{pattern_dir}/tasks/%t/agent.log", cfg.backend.python)
-        ))  # fmt: skip
+    for line in dry_run_notes(cfg):
+        _write(line)

@@ -32,7 +32,7 @@ from bench_measure import wait  # noqa: E402
 from bench_rows import Row, run_meta, write_results  # noqa: E402
 
 PY = sys.executable
-PLAIN = REPO / "scripts" / "bench_plain_trainer.py"
+PLAIN = REPO / "tests" / "fixtures" / "plain_fit.py"
 EPOCHS = 400  # far more than a measurement lasts: every run is ended on purpose
 RAW_PORT = 23456
 RAW_CAP = 120.0  # seconds: a survivor still hung then is a failed round, not a number
@@ -64,8 +64,8 @@ def raw_link_down(bed: tb.Testbed, root: Path) -> float | None:
             "TF_CPP_MIN_LOG_LEVEL": "2",
             "TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}}),
         }
-        argv = ["ip", "netns", "exec", host.namespace, PY, str(PLAIN), "--epochs", str(EPOCHS),
-                "--backup-dir", str(run_dir / "backup")]  # fmt: skip
+        argv = ["ip", "netns", "exec", host.namespace, PY, str(PLAIN), "--bench",
+                "--epochs", str(EPOCHS), "--backup-dir", str(run_dir / "backup")]  # fmt: skip
         with open(logs[i], "wb") as log:
             procs.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env))
     try:
@@ -94,7 +94,7 @@ def job_toml(bed: tb.Testbed, root: Path, name: str, spare: str | None) -> Path:
     text = text.replace('module = "worker.examples.digits"', f'script = "{PLAIN}"')
     text = re.sub(
         r"(?m)^args = .*$",
-        f'args = ["--epochs", "{EPOCHS}", "--backup-dir", "{shared}/backup"]',
+        f'args = ["--bench", "--epochs", "{EPOCHS}", "--backup-dir", "{shared}/backup"]',
         text,
     )
     text = text.replace("connect_timeout = 5.0", "connect_timeout = 2.0")

@@ -28,15 +28,12 @@ sys.path.insert(0, str(REPO / "scripts"))
 
 import testbed as tb  # noqa: E402
 
+from orchestrator.agents import start_agents  # noqa: E402
 from orchestrator.backends import open_backend  # noqa: E402
 from orchestrator.config import load_config  # noqa: E402
-from orchestrator.launcher import (  # noqa: E402
-    make_specs,
-    plan_launch,
-    preflight,
-    start_agents,
-    stop_agents,
-)
+from orchestrator.plan import plan_on_hosts  # noqa: E402
+from orchestrator.preflight import preflight  # noqa: E402
+from orchestrator.specs import make_specs  # noqa: E402
 
 FAKE = REPO / "tests" / "fixtures" / "fake_trainer.py"
 
@@ -61,12 +58,12 @@ def orchestrate_round(config_path: Path, job: str) -> dict[str, float]:
     backend = open_backend(cfg)
     reports = preflight(cfg, backend, job)
     t1 = time.perf_counter()
-    plan = plan_launch(cfg, reports)
+    plan = plan_on_hosts(cfg, {h: r.ports for h, r in reports.items()}, {})
     specs = make_specs(cfg, plan, job, 0, backend)
     agents = start_agents(backend, plan, specs, stop_grace=2.0)
     t2 = time.perf_counter()
     cpu = time.process_time() - cpu0
-    stop_agents(backend, agents, 2.0)
+    backend.stop_agents(agents, 2.0)
     backend.close()
     return {"preflight": t1 - t0, "start": t2 - t1, "launch": t2 - t0, "cpu": cpu}
 

@@ -18,7 +18,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 TRAINER = REPO / "scripts" / "bench_trainer.py"
-PLAIN_TRAINER = REPO / "scripts" / "bench_plain_trainer.py"
+PLAIN_TRAINER = REPO / "tests" / "fixtures" / "plain_fit.py"  # also the tests' plain script
+BENCH_AB = REPO / "scripts" / "bench_ab.py"
 FAKE = REPO / "tests" / "fixtures" / "fake_trainer.py"
 PY = sys.executable
 SURVIVOR_CAP = 90.0  # seconds: a survivor still hung then is a failed round
@@ -257,7 +258,7 @@ shared_dir = "{root / "shared"}"
 
 [entrypoint]
 script = "{PLAIN_TRAINER}"
-args = ["--epochs", "{epochs}", "--backup-dir", "{backup}"]
+args = ["--bench", "--epochs", "{epochs}", "--backup-dir", "{backup}"]
 env = {{ TF_CPP_MIN_LOG_LEVEL = "2" }}
 instrument = {str(instrument).lower()}
 
@@ -277,7 +278,7 @@ def callback_ab(root: Path, rounds: int) -> list[tuple[float, float]]:
     env = {**os.environ, "TF_USE_LEGACY_KERAS": "1", "TF_CPP_MIN_LOG_LEVEL": "3"}
     env.pop("TF_CONFIG", None)
     proc = subprocess.run(
-        [PY, str(PLAIN_TRAINER), "--backup-dir", str(root), "--ab", str(rounds)],
+        [PY, str(BENCH_AB), "--backup-dir", str(root), "--callbacks", str(rounds)],
         capture_output=True,
         text=True,
         env=env,

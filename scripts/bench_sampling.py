@@ -30,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from scripts.bench_measure import PLAIN_TRAINER, PY, REPO, free_ports, plain_run
+from scripts.bench_measure import BENCH_AB, PY, REPO, free_ports, plain_run
 from worker.resources import ResourceSampler, tensorboard_scalars
 from worker.spec import Progress
 from worker.tb_events import EventWriter
@@ -49,7 +49,7 @@ def wait_clock_ab(root: Path, rounds: int) -> tuple[list[tuple[float, float]], d
                "TF_CONFIG": json.dumps({"cluster": cluster,
                                         "task": {"type": "worker", "index": index}})}  # fmt: skip
         procs.append(subprocess.Popen(
-            [PY, str(PLAIN_TRAINER), "--backup-dir", str(root), "--ab-waits", str(rounds)],
+            [PY, str(BENCH_AB), "--backup-dir", str(root), "--waits", str(rounds)],
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env, cwd=REPO,
         ))  # fmt: skip
     agent_cost: dict = {}

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""What supervision costs the coordinator as hosts are added (issue 16's curve), on namespaced
+"""What supervision costs the coordinator as hosts are added (the scaling curve), on namespaced
 SSH hosts (scripts/testbed.py) with stand-in trainers (scripts/bench_scale_trainer.py: progress
 and a line a second, like a Keras fit, no TensorFlow), so the figures are the coordinator's.
 

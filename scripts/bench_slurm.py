@@ -34,7 +34,7 @@ from bench_measure import wait  # noqa: E402
 from bench_rows import Row, run_meta, write_results  # noqa: E402
 
 PY = sys.executable
-PLAIN = REPO / "scripts" / "bench_plain_trainer.py"
+PLAIN = REPO / "tests" / "fixtures" / "plain_fit.py"
 EPOCHS = 400  # far more than a measurement lasts: every run is ended on purpose
 RAW_PORT = 23457
 # The hand-written task of P13: TF_CONFIG from Slurm's own variables, then the plain script.
@@ -77,7 +77,7 @@ shared_dir = "{shared}"
 
 [entrypoint]
 script = "{PLAIN}"
-args = ["--epochs", "{EPOCHS}", "--backup-dir", "{shared}/backup"]
+args = ["--bench", "--epochs", "{EPOCHS}", "--backup-dir", "{shared}/backup"]
 env = {{ TF_CPP_MIN_LOG_LEVEL = "2" }}
 workdir = "{REPO}"
 
@@ -137,7 +137,7 @@ def raw(bed: slurmbed.SlurmBed, root: Path, env: dict[str, str], n: int) -> floa
     logs = [run_dir / f"w{i}.log" for i in range(3)]
     line = (
         f"TF_USE_LEGACY_KERAS=1 TF_CPP_MIN_LOG_LEVEL=2 srun --output={run_dir}/w%t.log "
-        f"{PY} {task} {PLAIN} --epochs {EPOCHS} --backup-dir {run_dir}/backup"
+        f"{PY} {task} {PLAIN} --bench --epochs {EPOCHS} --backup-dir {run_dir}/backup"
     )
     started = time.time()
     out = subprocess.run(

@@ -27,15 +27,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import testbed as tb
 from bench_launch import bench_config
 
+from orchestrator.agents import AgentRef
+from orchestrator.attempt import Attempt, Watch, agents_by_host
 from orchestrator.backends import open_backend
 from orchestrator.config import load_config
-from orchestrator.jobs import register_job
-from orchestrator.launcher import AgentRef
+from orchestrator.job_records import register_job
 from orchestrator.logstream import LineSink, LogTailer
 from orchestrator.plan import LaunchPlan, TaskPlan
 from orchestrator.store import Store
 from orchestrator.supervisor import Supervisor
-from orchestrator.tick import Group, Watch, agents_by_host
 
 
 def tick_times(config_path: Path, root: Path, ticks: int) -> dict[str, float]:
@@ -49,22 +49,22 @@ def tick_times(config_path: Path, root: Path, ticks: int) -> dict[str, float]:
         job.name, tuple(TaskPlan(i, i, f"host-{i}", f"h{i}", 2222) for i in range(hosts))
     )
     # pid 1 lives on every host; the status files are absent (a task still starting)
-    group = Group(0, plan, [AgentRef(i, i, 1) for i in range(hosts)])
-    sup.tick.tailers = {
+    tailers = {
         i: LogTailer(backend.transport(i), str(sup.layout.log_path(i))) for i in range(hosts)
     }
-    by_host = agents_by_host(group.agents)
     watch = Watch(started=time.monotonic())
+    group = Attempt(0, plan, [AgentRef(i, i, 1) for i in range(hosts)], tailers, watch)
+    by_host = agents_by_host(group.agents)
     try:
-        sup.tick.observe(group, watch)  # connects every host
+        sup.tick.observe(group)  # connects every host
         at_once, one_by_one = [], []
         for _ in range(ticks):
             t0 = time.perf_counter()
-            sup.tick.observe(group, watch)
+            sup.tick.observe(group)
             at_once.append(time.perf_counter() - t0)
             t0 = time.perf_counter()
             for agents in by_host.values():
-                sup.tick.observe(Group(0, plan, agents), watch)
+                sup.tick.observe(Attempt(0, plan, agents, tailers, watch))
             one_by_one.append(time.perf_counter() - t0)
         transport = backend.transport(0)
         floor = []

@@ -19,8 +19,8 @@ from orchestrator.backends.local import LocalHosts
 from orchestrator.config import LocalBackend, parse_config
 from orchestrator.errors import ConfigError
 from orchestrator.gpus import Gpu, HostGpus, gpu_problems, host_gpus, summary, task_env
-from orchestrator.launcher import make_specs
 from orchestrator.plan import build_plan, task_slots
+from orchestrator.specs import make_specs
 from tests.conftest import CliResult, fake_job, status_json, wait_for
 from worker import gpu_probe
 

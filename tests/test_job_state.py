@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator.config import load_config
+from orchestrator.job_records import register_job
 from orchestrator.job_state import LEGAL, IllegalTransition, JobStateMachine, check_transition
-from orchestrator.jobs import register_job
 from orchestrator.logstream import LineSink
 from orchestrator.states import JobState
 from orchestrator.store import Store

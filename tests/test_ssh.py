@@ -18,10 +18,13 @@ from typing import Any
 
 import pytest
 
+from orchestrator.agents import start_agents
 from orchestrator.backends.ssh import SshHosts
 from orchestrator.config import SshBackend, load_config
 from orchestrator.errors import LaunchError, TransportError
-from orchestrator.launcher import make_specs, plan_launch, preflight, start_agents
+from orchestrator.plan import plan_on_hosts
+from orchestrator.preflight import preflight
+from orchestrator.specs import make_specs
 from orchestrator.transport.base import ProcessRef
 from orchestrator.transport.ssh import SshTransport
 from tests import test_transport_contract as contract
@@ -298,6 +301,7 @@ def test_a_host_failing_to_start_rolls_back_the_others(bed: tb.Testbed, tmp_path
 
     class Recorded:  # the real SSH backend, each transport wrapped
         kind = backend.kind
+        capabilities = backend.capabilities
 
         def host_count(self) -> int:
             return backend.host_count()
@@ -314,7 +318,7 @@ def test_a_host_failing_to_start_rolls_back_the_others(bed: tb.Testbed, tmp_path
     hosts = Recorded()
     try:
         reports = preflight(cfg, hosts, "rollback-job")
-        plan = plan_launch(cfg, reports)
+        plan = plan_on_hosts(cfg, {h: r.ports for h, r in reports.items()}, {})
         specs = make_specs(cfg, plan, "rollback-job", 0, hosts)
         with pytest.raises(LaunchError) as err:
             start_agents(hosts, plan, specs, stop_grace=1.0)

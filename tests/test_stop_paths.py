@@ -87,7 +87,7 @@ def test_each_agent_is_recorded_as_soon_as_its_start_returns(tmp_path: Path) -> 
     """Task 1's start hangs; task 0's pid is in the store before it returns."""
     from orchestrator.backends.local import LocalHosts
     from orchestrator.config import load_config
-    from orchestrator.jobs import register_job
+    from orchestrator.job_records import register_job
     from orchestrator.logstream import LineSink
     from orchestrator.store import Store
     from orchestrator.supervisor import Supervisor
@@ -229,7 +229,7 @@ def test_stop_never_signals_a_stranger_that_holds_a_recorded_pid(
 
 
 def test_a_reused_supervisor_pid_is_not_taken_for_the_supervisor() -> None:
-    from orchestrator.jobs import supervisor_alive
+    from orchestrator.job_records import supervisor_alive
     from orchestrator.states import JobState
     from orchestrator.store import JobRecord
 

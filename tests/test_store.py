@@ -79,32 +79,15 @@ def test_another_process_reads_while_this_one_holds_a_connection(tmp_path: Path)
 
 
 def test_a_store_of_the_previous_schema_is_upgraded_in_place(tmp_path: Path) -> None:
-    """A store written before phases and totals were recorded keeps its jobs."""
+    """A store of the first schema keeps its jobs through every migration (the same path a
+    new store takes)."""
     import sqlite3
 
     from orchestrator import store_schema
     from worker.spec import Phase, StepSignal
 
     db = tmp_path / "s.db"
-    old_schema = (
-        store_schema.SCHEMA.replace(
-            """    phase TEXT NOT NULL DEFAULT '',
-    step_signal TEXT NOT NULL DEFAULT '',
-    total_epochs INTEGER NOT NULL DEFAULT 0,
-    steps_per_epoch INTEGER NOT NULL DEFAULT 0,
-    epoch_step INTEGER NOT NULL DEFAULT 0,
-    agent_ident TEXT NOT NULL DEFAULT '',
-    resources TEXT,
-    straggler TEXT NOT NULL DEFAULT '',
-""",
-            "",
-        )
-        .replace(store_schema.RESOURCE_SAMPLES, "")
-        .replace(
-            ",\n    supervisor_ident TEXT NOT NULL DEFAULT '',\n    hosts_json TEXT NOT NULL DEFAULT '',\n    budget_base INTEGER NOT NULL DEFAULT 0,\n    scheduler_job TEXT NOT NULL DEFAULT ''",
-            "",
-        )
-    )
+    old_schema = store_schema.FIRST_SCHEMA
     assert "phase" not in old_schema and "_ident" not in old_schema
     assert "hosts_json" not in old_schema
     assert "straggler" not in old_schema and "resource_samples" not in old_schema
@@ -144,4 +127,7 @@ def test_a_store_of_the_previous_schema_is_upgraded_in_place(tmp_path: Path) -> 
     assert upgraded.resources == Resources(at=3.0, cpu_percent=99.0)
     assert upgraded.straggler == "input-bound"
     assert store.resource_samples("old-1") == [ResourceSample(0, 3.0, 0, cpu_percent=99.0)]
+    assert store.get_job("old-1").forced is False  # and schema 7's
+    store.update_job("old-1", forced=True)
+    assert store.get_job("old-1").forced is True
     assert Store(db).get_job("old").state == JobState.SUCCEEDED  # opens again, no migration

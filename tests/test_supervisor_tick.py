@@ -16,18 +16,19 @@ from typing import Any
 
 import pytest
 
+from orchestrator.agents import AgentRef
+from orchestrator.attempt import Attempt
 from orchestrator.config import load_config
 from orchestrator.errors import TransportError
 from orchestrator.host_poller import PollResult
-from orchestrator.jobs import register_job
-from orchestrator.launcher import AgentRef
+from orchestrator.job_records import register_job
 from orchestrator.logstream import LineSink
 from orchestrator.observations import FailureKind
 from orchestrator.plan import LaunchPlan, TaskPlan
 from orchestrator.states import TaskState
 from orchestrator.store import Store
 from orchestrator.supervisor import Supervisor
-from orchestrator.tick import Group, Watch
+from orchestrator.timing import Timing
 from orchestrator.transport.base import Observation, ProcessRef, Transport
 from orchestrator.transport.local import LocalTransport
 from worker import proctl
@@ -93,17 +94,19 @@ class MemoryBackend:
         pass
 
 
-def one_task_per_host(supervisor: Supervisor) -> Group:
+def one_task_per_host(supervisor: Supervisor, pids: list[tuple[int, str]] | None = None) -> Attempt:
     from orchestrator.logstream import LogTailer
 
     plan = LaunchPlan(
         "tick", tuple(TaskPlan(i, i, f"host-{i}", f"10.9.0.{i + 1}", 2222) for i in range(HOSTS))
     )
-    supervisor.tick.tailers = {
+    tailers = {
         i: LogTailer(supervisor.backend.transport(i), str(supervisor.layout.log_path(i)))
         for i in range(HOSTS)
     }
-    return Group(0, plan, [AgentRef(i, i, 1000 + i) for i in range(HOSTS)])
+    pids = pids or [(1000 + i, "") for i in range(HOSTS)]
+    return Attempt(0, plan, [AgentRef(i, i, pid, ident) for i, (pid, ident) in enumerate(pids)],
+                   tailers)  # fmt: skip
 
 
 @pytest.fixture
@@ -126,7 +129,7 @@ def test_a_tick_reads_every_host_at_once_and_a_failing_host_costs_only_its_tasks
 ) -> None:
     group = one_task_per_host(supervisor)
     try:
-        observations = supervisor.tick.observe(group, Watch(started=time.monotonic()))
+        observations = supervisor.tick.observe(group)
     finally:
         supervisor.tick.close()
 
@@ -154,12 +157,11 @@ def test_a_slow_host_does_not_age_the_heartbeats_of_the_hosts_read_beside_it(
         status = TaskStatus(AgentState.RUNNING, seq=1, agent_pid=1000 + host.index)
         host.status = json.dumps(status.to_dict()).encode()
     hang = 2.0
-    watch = Watch(started=time.monotonic())
     try:
         before_first = time.monotonic()
-        supervisor.tick.observe(group, watch)  # every healthy task's heartbeat seen now
+        supervisor.tick.observe(group)  # every healthy task's heartbeat seen now
         hosts[DOWN].hang = hang
-        observations = supervisor.tick.observe(group, watch)  # no new heartbeat: the same seq
+        observations = supervisor.tick.observe(group)  # no new heartbeat: the same seq
         after_second = time.monotonic()
     finally:
         supervisor.tick.close()
@@ -179,16 +181,13 @@ def test_a_host_whose_reads_fail_for_host_timeout_is_lost_and_only_that_host(
     supervisor: Supervisor,
 ) -> None:
     group = one_task_per_host(supervisor)
-    supervisor.tick.host_timeout = 0.5
-    watch = Watch(started=time.monotonic())
+    supervisor.tick.timing = supervisor.hosts.timing = Timing(host_timeout=0.5)
     try:
-        supervisor.tick.observe(group, watch)
-        assert supervisor.tick.lost_hosts(group, watch) == []  # one failed read is not a loss
-        assert supervisor.hosts.lost(group, watch) is None
+        supervisor.tick.observe(group)
+        assert supervisor.hosts.lost(group) is None  # one failed read is not a loss
         time.sleep(0.6)
-        supervisor.tick.observe(group, watch)
-        assert supervisor.tick.lost_hosts(group, watch) == [DOWN]
-        decision = supervisor.hosts.lost(group, watch)
+        supervisor.tick.observe(group)
+        decision = supervisor.hosts.lost(group)
     finally:
         supervisor.tick.close()
     assert decision is not None and decision.kind == FailureKind.HOST_LOST
@@ -219,7 +218,7 @@ class LocalHosts(MemoryBackend):
 def test_a_quiet_host_is_read_once_per_keepalive_and_a_death_on_it_is_seen_at_once(
     tmp_path: Path, home: Path
 ) -> None:
-    """Issue 16: while a group is watched each host is long-polled. A host with nothing new
+    """While a group is watched each host is long-polled. A host with nothing new
     (here: agents that are real processes, status files that do not change) answers once per
     keep-alive however often the supervisor decides (poll_interval 0.05 s here); an agent
     that dies on such a host is seen at once, well within one keep-alive."""
@@ -249,13 +248,11 @@ def test_a_quiet_host_is_read_once_per_keepalive_and_a_death_on_it_is_seen_at_on
             status = TaskStatus(AgentState.RUNNING, seq=1, agent_pid=procs[i].pid)
             Path(layout.status_path(i)).parent.mkdir(parents=True, exist_ok=True)
             Path(layout.status_path(i)).write_text(json.dumps(status.to_dict()))
-        group = one_task_per_host(supervisor)
-        group = Group(0, group.plan, [AgentRef(i, i, p.pid, p.ident) for i, p in enumerate(procs)])
-        watch = Watch(started=time.monotonic())
-        supervisor.tick.begin(group, watch)
+        group = one_task_per_host(supervisor, [(p.pid, p.ident) for p in procs])
+        supervisor.tick.begin(group)
         begun = time.monotonic()
         while time.monotonic() - begun < 2.0:  # each host's first answer: at once
-            states = {o.state for o in supervisor.tick.next(group, watch, 0.05)}
+            states = {o.state for o in supervisor.tick.next(group, 0.05)}
             if states == {TaskState.RUNNING}:
                 break
         assert states == {TaskState.RUNNING}
@@ -263,7 +260,7 @@ def test_a_quiet_host_is_read_once_per_keepalive_and_a_death_on_it_is_seen_at_on
         rounds = 0
         reads_of = [host.reads for host in backend.hosts]  # type: ignore[attr-defined]
         while min(len(reads) for reads in reads_of) < 3:
-            observations = supervisor.tick.next(group, watch, 0.05)
+            observations = supervisor.tick.next(group, 0.05)
             rounds += 1
             assert all(o.state == TaskState.RUNNING for o in observations)
         for reads in reads_of:
@@ -280,11 +277,11 @@ def test_a_quiet_host_is_read_once_per_keepalive_and_a_death_on_it_is_seen_at_on
         # keep-alive would have.
         answered = len(reads_of[1])
         while len(reads_of[1]) == answered:
-            observations = supervisor.tick.next(group, watch, 0.05)
+            observations = supervisor.tick.next(group, 0.05)
         os.kill(procs[1].pid, signal.SIGKILL)
         keepalive_due = reads_of[1][-1] + keepalive * 0.9  # no keep-alive answer is sooner
         while not observations[1].state.is_terminal():
-            observations = supervisor.tick.next(group, watch, 0.05)
+            observations = supervisor.tick.next(group, 0.05)
         assert observations[1].state == TaskState.LOST, observations[1]
         assert reads_of[1][-1] < keepalive_due, reads_of[1]  # order: before the keep-alive
         assert observations[0].state == TaskState.RUNNING
@@ -315,7 +312,7 @@ def test_a_round_ends_and_decides_however_fast_answers_come(supervisor: Supervis
         # wait is a cap on a hang, not a speed claim).
         decided: list[list[Any]] = []
         rounder = threading.Thread(
-            target=lambda: decided.append(tick.next(group, Watch(started=time.monotonic()), 0.1)),
+            target=lambda: decided.append(tick.next(group, 0.1)),
             daemon=True,
         )
         rounder.start()

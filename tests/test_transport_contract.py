@@ -79,7 +79,7 @@ def _status(state: str, seq: int, step: int = 0, phase: str = "training") -> byt
 def check_watch_holds_a_quiet_host_and_answers_a_death_at_once(
     t: Transport, python: str, remote_dir: str
 ) -> None:
-    """The long poll (issue 16): a host with nothing urgent answers after the keep-alive (log
+    """The long poll: a host with nothing urgent answers after the keep-alive (log
     lines and heartbeats ride on it); an agent that dies, or a status whose state changes, is
     answered at once, well within one keep-alive."""
     log, status = f"{remote_dir}/w.log", f"{remote_dir}/w.status"

@@ -247,7 +247,7 @@ def test_two_supervisors_claiming_one_job_at_once_leave_one(tmp_path: Path) -> N
     import time
 
     from orchestrator.config import load_config
-    from orchestrator.jobs import register_job
+    from orchestrator.job_records import register_job
     from orchestrator.store import Store
     from tests.conftest import REPO
 
@@ -277,7 +277,7 @@ def test_attach_refuses_a_job_its_launch_is_still_starting(
     tmp_path: Path, cli: Callable[..., CliResult]
 ) -> None:
     from orchestrator.config import load_config
-    from orchestrator.jobs import register_job
+    from orchestrator.job_records import register_job
     from orchestrator.store import Store
 
     config = tmp_path / "cluster.toml"

@@ -10,20 +10,18 @@ then SIGKILL), and makes sure the trainer never outlives it (PR_SET_PDEATHSIG).
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
-import select
 import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import BinaryIO
 
+from worker.children import BOOTSTRAP, die_with_parent, exit_waiter
 from worker.contact import cut_off, forget, peer_endpoints
 from worker.proctl import not_nested
 from worker.resources import ResourceSampler, sampler_for, tensorboard_scalars
@@ -53,42 +51,8 @@ from worker.warm import (
     start_keeper,
 )
 
-_PR_SET_PDEATHSIG = 1
 FINAL_STATUS_PATIENCE = 30.0  # seconds to keep trying to write the final status
 MAX_PROGRESS_BYTES = 64 << 10  # the progress file a trainer writes: well over what we write
-BOOTSTRAP = str(Path(__file__).resolve().with_name("bootstrap.py"))
-
-
-def _die_with_parent() -> None:
-    """Runs in the trainer between fork and exec: SIGKILL it when the agent dies."""
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-
-
-def _exit_waiter(proc: subprocess.Popen[bytes] | WarmTrainer) -> Callable[[float], bool]:
-    """wait(timeout) -> whether proc has exited. Sleeps in the kernel on a pidfd; Popen.wait
-    with a timeout would instead wake up every 50 ms, next to a trainer that wants the CPU."""
-    try:
-        pidfd = os.pidfd_open(proc.pid)
-    except (AttributeError, OSError):
-
-        def poll(timeout: float) -> bool:
-            try:
-                proc.wait(timeout=timeout)
-                return True
-            except subprocess.TimeoutExpired:
-                return False
-
-        return poll
-
-    def wait(timeout: float) -> bool:
-        try:
-            ready, _, _ = select.select([pidfd], [], [], timeout)
-        except InterruptedError:  # a signal (SIGTERM to forward): go round again
-            return proc.poll() is not None
-        return bool(ready)
-
-    return wait
 
 
 def exit_code_of(returncode: int) -> int:
@@ -180,7 +144,7 @@ class Agent:
                         stdin=subprocess.DEVNULL,
                         stdout=log,
                         stderr=subprocess.STDOUT,
-                        preexec_fn=_die_with_parent,
+                        preexec_fn=die_with_parent,
                     )
                 except OSError as exc:
                     _note(log, f"cannot start trainer: {exc}")
@@ -269,7 +233,7 @@ class Agent:
 
     def _supervise(self, trainer: subprocess.Popen[bytes] | WarmTrainer) -> int:
         interval = self.spec.heartbeat_interval
-        exited = _exit_waiter(trainer)
+        exited = exit_waiter(trainer)
         while True:
             self._write_status(AgentState.RUNNING)
             if (

@@ -49,10 +49,9 @@ from typing import Any
 if __package__ in (None, ""):  # run as a file (python .../worker/standby.py): import as a package
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from worker.children import BOOTSTRAP, die_with_parent
 from worker.private_dir import private_dir
 
-_PR_SET_PDEATHSIG = 1
-BOOTSTRAP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bootstrap.py")
 READY = b"ready\n"
 MAX_STANDBY_DEATHS = 3
 
@@ -69,12 +68,6 @@ def socket_path(job_id: str, task_index: int) -> str:
 def _say(message: str) -> None:
     with contextlib.suppress(OSError, ValueError):
         print(f"[orchestrate] keeper: {message}", file=sys.stderr, flush=True)
-
-
-def _die_with_parent() -> None:
-    import ctypes
-
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 def rss_bytes(pid: int) -> int:
@@ -100,7 +93,7 @@ class Child:
                 stderr=subprocess.STDOUT,
                 pass_fds=(theirs.fileno(),),
                 start_new_session=True,
-                preexec_fn=_die_with_parent,  # the keeper gone: nothing of ours lives on
+                preexec_fn=die_with_parent,  # the keeper gone: nothing of ours lives on
             )
         theirs.close()
         self.control = ours

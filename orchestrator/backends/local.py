@@ -2,28 +2,38 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
+from typing import Any
 
-from orchestrator.config import LocalBackend
-from orchestrator.transport.base import Transport
+from orchestrator.backends.agent_hosts import AgentHosts
+from orchestrator.config import ClusterConfig, LocalBackend
+from orchestrator.errors import OrchestrateError, TransportError
+from orchestrator.preflight import PROBE_TIMEOUT
 from orchestrator.transport.local import LocalTransport
 
 
-class LocalHosts:
+class LocalHosts(AgentHosts):
     kind = "local"
 
     def __init__(self, config: LocalBackend) -> None:
-        self._python = config.python or sys.executable
-        self._transport = LocalTransport("local", self._python)
+        python = config.python or sys.executable
+        super().__init__([LocalTransport("local", python)], [python])
 
-    def host_count(self) -> int:
-        return 1
+    def prepare(self, config: ClusterConfig) -> None:
+        # On one machine there is nothing to mount: make the directory. On SSH hosts a missing
+        # shared_dir is a preflight error (an unmounted share must not be papered over).
+        with contextlib.suppress(OrchestrateError):
+            self.transport(0).run(
+                ["mkdir", "-p", str(config.job.shared_dir)], timeout=PROBE_TIMEOUT
+            )
 
-    def transport(self, host_index: int) -> Transport:
-        return self._transport
+    def lasting_call(self, host_index: int, op: str, args: dict[str, Any], timeout: float) -> Any:
+        """In this process: it checks this machine's network whichever interpreter runs the
+        tasks, and a listener must outlive the call (a one-off interpreter would not)."""
+        from worker import hostd
 
-    def python(self, host_index: int) -> str:
-        return self._python
-
-    def close(self) -> None:
-        self._transport.close()
+        try:
+            return hostd.handle(op, args)
+        except (OSError, ValueError, KeyError) as exc:
+            raise TransportError(f"local: {op} failed: {exc}") from None

@@ -17,118 +17,37 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from orchestrator.agents import AgentRef
+from orchestrator.backends.base import Launched, LaunchHooks, LaunchRequest, Sweep
+from orchestrator.backends.capabilities import Capabilities
 from orchestrator.backends.slurm_allocation import (
     RELEASE_WAIT,
     Allocation,
     AllocationEnded,
     one_line,
-    run_slurm,
     submit,
 )
 from orchestrator.backends.slurm_commands import SlurmState, literal_for_pattern, srun_argv
-from orchestrator.config import ClusterConfig, SlurmBackend
-from orchestrator.errors import LaunchError, OrchestrateError, TransportError
-from orchestrator.plan import slurm_node_label
+from orchestrator.backends.slurm_step import Hello, Step
+from orchestrator.config import ClusterConfig, SlurmBackend, slurm_node_label
+from orchestrator.errors import LaunchError, OrchestrateError, PreflightError, TransportError
+from orchestrator.fanout import HostResults
+from orchestrator.plan import StepTask, step_plan
+from orchestrator.preflight import step_problems
+from orchestrator.store import JobRecord
 from orchestrator.transport.base import Observation, ProcessRef, Watching
 from orchestrator.transport.local import LocalTransport, watch_here
 from worker.spec import ENV_JOB_ID, JobLayout
 
 HELLO_TIMEOUT = 120.0  # seconds for every task of a step to introduce itself
-STEP_LOOKUP_INTERVAL = 1.0  # squeue at most this often for an adopted step
 # squeue while the allocation waits: every 0.2 s for the first 10 s (a free cluster allocates
 # within its scheduler's interval), then less often, up to every 5 s (a queue can take hours;
 # each poll is an RPC to slurmctld).
 QUEUE_POLL = (0.2, 5.0)
 QUEUE_POLL_EAGER = 10.0
-
-
-@dataclass(frozen=True)
-class Hello:
-    """What one task of a step said about itself (worker.slurm_task)."""
-
-    procid: int
-    node: str
-    address: str
-    port: int
-    pid: int
-    step: str  # SLURM_STEP_ID
-    python: str
-    tensorflow: str | None
-    protocol: int
-    problems: tuple[str, ...]
-
-    @classmethod
-    def read(cls, path: Path) -> Hello | None:
-        try:
-            data = json.loads(path.read_bytes())
-        except (OSError, ValueError):
-            return None
-        return cls(
-            int(data["procid"]), str(data["node"]), str(data["address"]), int(data["port"]),
-            int(data["pid"]), str(data.get("step", "")), str(data.get("python", "")),
-            data.get("tensorflow"), int(data.get("protocol", 0)),
-            tuple(data.get("problems", [])),
-        )  # fmt: skip
-
-
-class Step:
-    """One attempt's srun step: started here (srun is our child), or adopted by id."""
-
-    def __init__(
-        self, allocation: Allocation, proc: subprocess.Popen[bytes] | None, step_id: str = ""
-    ) -> None:
-        self.allocation = allocation
-        self.proc = proc
-        self.step_id = step_id
-        self._seen_at = float("-inf")
-        self._seen = True
-
-    @property
-    def name(self) -> str:
-        return f"{self.allocation.id}.{self.step_id}"
-
-    def alive(self) -> bool:
-        if self.proc is not None:
-            return self.proc.poll() is None
-        now = time.monotonic()
-        if now - self._seen_at >= STEP_LOOKUP_INTERVAL:
-            with contextlib.suppress(OrchestrateError):
-                self._seen = self.name in self.allocation.steps()
-            self._seen_at = now
-        return self._seen
-
-    def wait(self, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        while self.alive():
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(0.05)
-        return True
-
-    def stop(self, grace: float) -> bool:
-        """SIGTERM to every task (they checkpoint or stop), up to `grace`, then scancel the
-        step (SIGKILL); True once the step is gone."""
-        if not self.alive():
-            return True
-        if self.step_id:
-            run_slurm(["scancel", "--signal=TERM", self.name])
-        elif self.proc is not None:
-            self.proc.terminate()  # srun forwards SIGTERM to every task
-        if self.wait(grace):
-            return True
-        if self.step_id:
-            run_slurm(["scancel", self.name])
-        if self.wait(10.0):
-            return True
-        if self.proc is not None:  # srun itself stuck: Slurm still ends the step without it
-            self.proc.kill()
-            self.proc.wait()
-        self._seen_at = float("-inf")
-        self.proc = None
-        return not self.alive()
 
 
 class SlurmNodeTransport(LocalTransport):
@@ -166,6 +85,14 @@ class SlurmHosts:
     """The Slurm backend: `nodes` hosts, named once the allocation runs."""
 
     kind = "slurm"
+    # Slurm ends the step's tasks itself, places them, and names the nodes only once the
+    # allocation runs; a standby would not outlive the step.
+    capabilities = Capabilities(
+        warm_restarts=False,
+        orphan_timeout=False,
+        elastic_width=False,
+        hosts_known_before_launch=False,
+    )
 
     def __init__(self, config: SlurmBackend) -> None:
         self.config = config
@@ -196,6 +123,38 @@ class SlurmHosts:
     def close(self) -> None:
         pass
 
+    def lasting_call(self, host_index: int, op: str, args: dict[str, Any], timeout: float) -> Any:
+        return self.transport(host_index).worker_call(op, args, timeout=timeout)
+
+    def stop_agents(self, agents: Sequence[AgentRef], grace: float) -> HostResults[int, None]:
+        """One step holds every task: scancel it, rather than kill each process."""
+        tasks = tuple(a.task_index for a in agents)
+        if not agents or self.stop_step(grace):
+            return HostResults(tasks, dict.fromkeys(tasks), {})
+        stuck = LaunchError(f"Slurm step still running after {grace:g}s")
+        return HostResults(tasks, {}, dict.fromkeys(tasks, stuck))
+
+    def sweep(self, job: JobRecord, grace: float) -> Sweep:
+        """scancel the job's allocation (every step, every node) and wait until Slurm says it
+        ended: all confirmed, or none."""
+        unconfirmed = frozenset(range(self.host_count()))
+        if not job.scheduler_job:  # never submitted: nothing runs
+            return Sweep({}, {})
+        name = f"Slurm job {job.scheduler_job}"
+        try:
+            ended = Allocation(job.scheduler_job).cancel(wait=grace)
+        except OrchestrateError as exc:
+            return Sweep({name: str(exc)}, {}, unconfirmed)
+        if ended:
+            return Sweep({}, {})
+        return Sweep({name: f"still running {grace:g}s after scancel"}, {}, unconfirmed)
+
+    def end_standbys(self, job_id: str) -> None:
+        """None: a step's tasks end with it."""
+
+    def finish(self, layout: JobLayout, succeeded: bool) -> None:
+        self.release(layout, succeeded)
+
     def release(self, layout: JobLayout, succeeded: bool) -> None:
         """At the job's end: stop any step and end the allocation, never raising. A job that
         succeeded lets its batch script end (Slurm records COMPLETED); any other is
@@ -211,6 +170,35 @@ class SlurmHosts:
         self.owns_allocation = False
 
     # --- an attempt ---------------------------------------------------------------------
+    def launch(self, request: LaunchRequest, hooks: LaunchHooks) -> Launched | None:
+        """The allocation running (submitted, or requeued when its time is nearly up), one srun
+        step whose tasks pick their ports and say hello, their versions checked as a preflight
+        would, then each task's spec (TF_CONFIG from the hellos). None: a stop was requested
+        while the allocation waited."""
+        config, layout, attempt = request.config, request.layout, request.attempt
+        running = self.ensure_running(
+            config, request.job_id, layout, attempt, hooks.queued, hooks.scheduled,
+            hooks.stop_requested,
+        )  # fmt: skip
+        if not running or self.allocation is None:
+            return None
+        hooks.say(f"attempt {attempt}: starting a step in Slurm job {self.allocation.id}")
+        hellos = self.start_step(config, request.job_id, layout, attempt)
+        problems = step_problems(hellos)
+        if problems:
+            self.stop_step(0.0)
+            raise PreflightError(f"preflight failed in the Slurm step: {problems}")
+        plan = step_plan(config.job.name, [StepTask(h.node, h.address, h.port) for h in hellos])
+        specs = hooks.planned(plan)
+        agents = [AgentRef(h.procid, plan.tasks[h.procid].host_index, h.pid) for h in hellos]
+        for agent in agents:
+            hooks.started(agent)
+        for spec in specs:  # each task is waiting for its own: the trainers start now
+            self.transport(0).put_file(
+                str(layout.spec_path(spec.task_index)), spec.to_json().encode()
+            )
+        return Launched(plan, agents)
+
     def ensure_running(
         self,
         config: ClusterConfig,
@@ -318,9 +306,9 @@ class SlurmHosts:
                 )
             time.sleep(0.05)
 
-    def adopt(self, slurm_job: str, layout: JobLayout) -> None:
+    def adopt(self, job: JobRecord, layout: JobLayout) -> None:
         """A supervisor taking over: the job's allocation and its last step."""
-        self.allocation = Allocation(slurm_job)
+        self.allocation = Allocation(job.scheduler_job)
         self.owns_allocation = True
         with contextlib.suppress(OSError, ValueError, KeyError):
             step = json.loads((Path(layout.root) / "slurm" / "step.json").read_text())["step"]

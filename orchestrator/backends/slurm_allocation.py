@@ -21,9 +21,9 @@ from orchestrator.backends.slurm_commands import (
 )
 from orchestrator.config import ClusterConfig
 from orchestrator.errors import (
+    AllocationEnded,
     ConfigError,
     LaunchError,
-    OrchestrateError,
     TransportError,
     UsageError,
 )
@@ -31,10 +31,6 @@ from worker.spec import JobLayout
 
 SLURM_TIMEOUT = 30.0  # seconds for one Slurm command
 RELEASE_WAIT = 10.0  # seconds for the hold script to see the release file before scancel
-
-
-class AllocationEnded(OrchestrateError):
-    """The job's Slurm allocation is over (or about to be) and cannot be used again."""
 
 
 def run_slurm(

@@ -223,3 +223,22 @@ def refusal_reason(stderr: str) -> str:
     for prefix in ("sbatch: error: ", "Batch job submission failed: "):
         reason = reason.removeprefix(prefix)
     return reason
+
+
+def dry_run_lines(config: ClusterConfig) -> list[str]:
+    """`launch --dry-run`: the allocation's sbatch and each attempt's srun, as they would run."""
+    assert isinstance(config.backend, SlurmBackend)
+    job_dir = f"{config.job.shared_dir}/<job>"
+    pattern_dir = literal_for_pattern(job_dir)
+    sbatch = sbatch_argv(
+        config, "<job>", f"{pattern_dir}/slurm/batch-%j.out", f"{job_dir}/slurm/release"
+    )
+    srun = srun_argv(
+        config, "<slurm job>", 0, f"{job_dir}/slurm/attempt-0",
+        f"{pattern_dir}/tasks/%t/agent.log", config.backend.python,
+    )  # fmt: skip
+    return [
+        "(nodes are named by Slurm when the allocation runs)",
+        "allocation: " + shlex.join(sbatch),
+        "each attempt: " + shlex.join(srun),
+    ]

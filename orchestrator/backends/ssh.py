@@ -4,30 +4,40 @@ from __future__ import annotations
 
 import threading
 
-from orchestrator.config import SshBackend
-from orchestrator.transport.base import Transport
+from orchestrator.backends.agent_hosts import AgentHosts
+from orchestrator.config import ClusterConfig, SshBackend
+from orchestrator.errors import LaunchError
+from orchestrator.fanout import each
 from orchestrator.transport.ssh import SshTransport
 
 
-class SshHosts:
-    """The SSH backend: one transport per cluster.toml host, connections opened on first use."""
+class SshHosts(AgentHosts):
+    """One transport per cluster.toml host, connections opened on first use."""
 
     kind = "ssh"
 
     def __init__(self, config: SshBackend) -> None:
         lock = threading.Lock()
-        self._transports = [SshTransport(h, config, lock) for h in config.hosts]
-        self._pythons = [h.python or config.python for h in config.hosts]
+        super().__init__(
+            [SshTransport(h, config, lock) for h in config.hosts],
+            [h.python or config.python for h in config.hosts],
+        )
+        self.config = config
 
-    def host_count(self) -> int:
-        return len(self._transports)
+    def run_setup(self, config: ClusterConfig) -> None:
+        """Each host's `setup` commands, in order, once per job, before any agent starts."""
+        hosts = self.config.hosts
+        timeout = self.config.command_timeout
 
-    def transport(self, host_index: int) -> Transport:
-        return self._transports[host_index]
+        def setup(i: int) -> None:
+            for argv in hosts[i].setup:
+                result = self.transport(i).run(argv, timeout=timeout)
+                if not result.ok:
+                    raise LaunchError(f"setup {argv!r} exited {result.exit_code}: {result.tail()}")
 
-    def python(self, host_index: int) -> str:
-        return self._pythons[host_index]
-
-    def close(self) -> None:
-        for transport in self._transports:
-            transport.close()
+        results = each(range(len(hosts)), setup)
+        if not results.ok:
+            raise LaunchError(
+                "setup failed, nothing started: "
+                + results.describe_failures(lambda i: hosts[i].label)
+            )

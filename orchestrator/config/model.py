@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -94,6 +95,19 @@ class EntrypointSection(_Model):
         return self
 
 
+@dataclass(frozen=True)
+class HostPlace:
+    """A host as cluster.toml names it: its label, the address its tasks listen on ("": the
+    scheduler's choice, known once allocated) and whether it is a spare."""
+
+    label: str
+    address: str
+    spare: bool = False
+
+
+LOOPBACK = "127.0.0.1"
+
+
 class LocalBackend(_Model):
     """Every task is a local process on loopback: the same code path as remote hosts."""
 
@@ -104,6 +118,9 @@ class LocalBackend(_Model):
     python: Interpreter | None = None
     # GPUs per task: each task sees only its own (CUDA_VISIBLE_DEVICES); unset: not assigned.
     gpus_per_task: GpusPerTask | None = None
+
+    def places(self) -> tuple[HostPlace, ...]:
+        return (HostPlace("local", LOOPBACK),)
 
 
 class SshHost(_Model):
@@ -148,6 +165,9 @@ class SshBackend(_Model):
     command_timeout: Annotated[Seconds, Field(gt=0)] = 60.0
     # GPUs per task on every host without its own gpus_per_task; unset: not assigned.
     gpus_per_task: GpusPerTask | None = None
+
+    def places(self) -> tuple[HostPlace, ...]:
+        return tuple(HostPlace(h.label, h.address, h.spare) for h in self.hosts)
 
 
 # Slurm's own spellings, checked here so that a typo is a one-line error before anything is
@@ -210,6 +230,15 @@ class SlurmBackend(_Model):
     # Put the job back in the queue when its allocation ends early (time limit, preemption)
     # and resume from the checkpoint; false: the job fails, saying why.
     requeue: bool = True
+
+    def places(self) -> tuple[HostPlace, ...]:
+        # Nodes are Slurm's choice: named once the allocation runs.
+        return tuple(HostPlace(slurm_node_label(n), "") for n in range(self.nodes))
+
+
+def slurm_node_label(n: int) -> str:
+    """A Slurm node's label until the allocation names it."""
+    return f"node{n}"
 
 
 Backend = Annotated[LocalBackend | SshBackend | SlurmBackend, Field(discriminator="type")]

@@ -7,7 +7,7 @@ import pytest
 from orchestrator.config import LocalBackend, SshBackend, load_config, parse_config
 from orchestrator.errors import ConfigError
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 VALID_LOCAL = """
 [job]

@@ -24,8 +24,8 @@ from orchestrator.backends.slurm_commands import (
 )
 from orchestrator.config import ClusterConfig, SlurmBackend, load_config
 from orchestrator.errors import ConfigError
-from orchestrator.group_control import step_problems
 from orchestrator.plan import StepTask, initial_hosts, step_plan, task_slots
+from orchestrator.preflight import step_problems
 from worker.spec import HOST_PROTOCOL, JobLayout
 
 

@@ -1,0 +1,115 @@
+"""The lifecycle shared by backends whose agents we start ourselves, one per task, over each
+host's transport (local, SSH): preflight, plan, specs, agents; stop each agent's process
+group; sweep a host for the job's processes. A subclass names its hosts and may add a step
+before the preflight (`prepare`) or before the first attempt's agents (`run_setup`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from orchestrator.agents import AgentRef, start_agents, stop_agent_groups
+from orchestrator.backends.base import Launched, LaunchHooks, LaunchRequest, Sweep
+from orchestrator.backends.capabilities import Capabilities
+from orchestrator.config import ClusterConfig
+from orchestrator.fanout import HostResults, each
+from orchestrator.gpus import summary
+from orchestrator.plan import LaunchPlan, plan_on_hosts
+from orchestrator.preflight import HostReport, preflight
+from orchestrator.store import JobRecord
+from orchestrator.transport.base import Transport
+from worker.spec import JobLayout
+
+STANDBY_SWEEP_GRACE = 2.0
+
+
+class AgentHosts:
+    kind = ""
+    capabilities = Capabilities()
+
+    def __init__(self, transports: Sequence[Transport], pythons: Sequence[str]) -> None:
+        self._transports = list(transports)
+        self._pythons = list(pythons)
+
+    def host_count(self) -> int:
+        return len(self._transports)
+
+    def transport(self, host_index: int) -> Transport:
+        return self._transports[host_index]
+
+    def python(self, host_index: int) -> str:
+        return self._pythons[host_index]
+
+    def labels(self) -> list[str]:
+        return [t.host_label for t in self._transports]
+
+    # --- hooks for a subclass -------------------------------------------------------------
+    def prepare(self, config: ClusterConfig) -> None:
+        """Before each preflight."""
+
+    def run_setup(self, config: ClusterConfig) -> None:
+        """Once per job, after the first preflight and before any agent starts."""
+
+    # --- an attempt ---------------------------------------------------------------------
+    def launch(self, request: LaunchRequest, hooks: LaunchHooks) -> Launched | None:
+        config, hosts = request.config, request.hosts
+        self.prepare(config)
+        hooks.say(f"attempt {request.attempt}: preflight on {len(hosts)} host(s)")
+        reports = preflight(
+            config, self, request.job_id, hosts, hooks.host_answered, force=request.force
+        )
+        if request.attempt == 0:
+            self.run_setup(config)
+        gpu_counts = {h: len(r.gpu.gpus) for h, r in reports.items() if r.gpu is not None}
+        plan = plan_on_hosts(config, {h: r.ports for h, r in reports.items()}, gpu_counts, hosts)
+        for line in gpu_lines(reports, plan):
+            hooks.say(line)
+        specs = hooks.planned(plan)
+        agents = start_agents(self, plan, specs, config.supervision.stop_grace, hooks.started)
+        return Launched(plan, agents, gpu_counts)
+
+    def stop_agents(self, agents: Sequence[AgentRef], grace: float) -> HostResults[int, None]:
+        return stop_agent_groups(self, agents, grace)
+
+    def adopt(self, job: JobRecord, layout: JobLayout) -> None:
+        """Nothing of ours to find: the agents are in the store."""
+
+    # --- the job's end --------------------------------------------------------------------
+    def sweep(self, job: JobRecord, grace: float) -> Sweep:
+        labels = self.labels()
+        results = each(range(len(labels)), lambda h: self.transport(h).stop_job(job.id, grace))
+        return Sweep(
+            unreachable={labels[h]: results.reason(h, labels[h]) for h in results.failed},
+            left={labels[h]: pids for h, pids in results.succeeded.items() if pids},
+            unconfirmed_hosts=frozenset(results.failed)
+            | {h for h, pids in results.succeeded.items() if pids},
+        )
+
+    def end_standbys(self, job_id: str) -> None:
+        """A host that does not answer keeps its keeper until the keeper's own linger ends."""
+        each(
+            range(self.host_count()),
+            lambda h: self.transport(h).stop_job(job_id, STANDBY_SWEEP_GRACE),
+        )
+
+    def finish(self, layout: JobLayout, succeeded: bool) -> None:
+        """Nothing held beyond the processes."""
+
+    def lasting_call(self, host_index: int, op: str, args: dict[str, Any], timeout: float) -> Any:
+        return self.transport(host_index).worker_call(op, args, timeout=timeout)
+
+    def close(self) -> None:
+        for transport in self._transports:
+            transport.close()
+
+
+def gpu_lines(reports: Mapping[int, HostReport], plan: LaunchPlan) -> list[str]:
+    """One line per host whose tasks get GPUs: its GPUs, driver and CUDA (and the busy ones it
+    takes anyway under --force)."""
+    lines = []
+    for h, report in sorted(reports.items()):
+        if report.gpu is None:
+            continue
+        used = sum(len(t.gpus) for t in plan.tasks if t.host_index == h)
+        lines.append(summary(report.host_label, report.gpu, used))
+    return lines

@@ -1,0 +1,40 @@
+"""Collecting a job's results: per-task logs, the final model, TensorBoard runs and metrics,
+from the shared directory to this machine."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from orchestrator.backends import Backend
+from orchestrator.errors import UsageError
+
+
+def collect_job(backend: Backend, job_root: object, dest: Path) -> int:
+    """Pull per-task logs, the final model and metrics from the shared directory."""
+    transport = backend.transport(0)
+    root = str(job_root)
+    count = transport.get_tree(f"{root}/logs", dest / "logs")
+    count += transport.get_tree(f"{root}/model", dest / "model")
+    count += transport.get_tree(f"{root}/tensorboard", dest / "tensorboard")
+    metrics = transport.read_file(f"{root}/metrics.json")
+    if metrics is not None:
+        dest.mkdir(parents=True, exist_ok=True)
+        (dest / "metrics.json").write_bytes(metrics)
+        count += 1
+    return count
+
+
+def check_destination(target: Path) -> None:
+    """collect writes into target: say so in one line when it cannot, before any copy."""
+    if target.exists() and not target.is_dir():
+        raise UsageError(f"--dest {target} is not a directory")
+    existing = target if target.exists() else next(p for p in target.parents if p.exists())
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise UsageError(f"--dest {target}: {existing} is not writable")
+    probe = existing / f".orchestrate-write-test-{os.getpid()}"
+    try:  # root passes os.access on a read-only file system: try a write
+        probe.touch()
+        probe.unlink()
+    except OSError as exc:
+        raise UsageError(f"--dest {target}: cannot write in {existing}: {exc.strerror}") from None

@@ -1,0 +1,121 @@
+"""Rules the code keeps about its own shape (pure: reads the source files)."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+from tests.conftest import REPO
+
+PACKAGES = ("orchestrator", "worker")
+MAX_LINES = 400
+BACKEND_TYPES = {
+    "LocalBackend", "SshBackend", "SlurmBackend",  # cluster.toml's sections
+    "LocalHosts", "SshHosts", "SlurmHosts", "AgentHosts",  # the backends themselves
+}  # fmt: skip
+BACKEND_ROOMS = ("orchestrator/backends/", "orchestrator/config/")
+
+
+def sources() -> list[Path]:
+    return sorted(p for pkg in PACKAGES for p in (REPO / pkg).rglob("*.py"))
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(REPO).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported_modules(path: Path, known: set[str]) -> set[str]:
+    """Every module of ours this file imports, at any depth (a lazy import inside a function
+    is still an edge), but not those imported only for type checking."""
+    tree = ast.parse(path.read_text())
+    skipped: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skipped.update(id(n) for n in ast.walk(node))
+    found = set()
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        names = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        found.update(n for n in names if n in known)
+    return found
+
+
+def test_no_module_is_over_400_lines() -> None:
+    long = [
+        f"{p.relative_to(REPO)}: {n}"
+        for p in sources()
+        if (n := len(p.read_text().splitlines())) > MAX_LINES
+    ]
+    assert long == []
+
+
+def test_the_import_graph_has_no_cycle() -> None:
+    paths = {module_name(p): p for p in sources()}
+    known = set(paths)
+    graph = {name: imported_modules(path, known) - {name} for name, path in paths.items()}
+    cycles = []
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(node: str, trail: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                cycles.append(" -> ".join([*trail[trail.index(nxt) :], nxt]))
+            elif nxt not in state:
+                visit(nxt, [*trail, nxt])
+        state[node] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [name])
+    # A package's __init__ and its own modules are one room: importing orchestrator.backends.x
+    # runs orchestrator/backends/__init__.py first, which may import x lazily.
+    assert [c for c in cycles if not _package_and_member(c)] == []
+
+
+def _package_and_member(cycle: str) -> bool:
+    mods = cycle.split(" -> ")
+    return len(set(mods)) == 2 and any(a.startswith(b + ".") for a in mods for b in mods)
+
+
+def test_no_code_outside_the_backends_asks_which_backend_it_holds() -> None:
+    """A backend owns its lifecycle in its own module; the rest reads its capabilities."""
+    asks = []
+    for path in sources():
+        rel = str(path.relative_to(REPO))
+        if rel.startswith(BACKEND_ROOMS):
+            continue
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and ast.unparse(node.func) == "isinstance":
+                names = set(re.findall(r"\w+", ast.unparse(node.args[1])))
+                if names & BACKEND_TYPES:
+                    asks.append(f"{rel}:{node.lineno}: {ast.unparse(node)}")
+            if isinstance(node, ast.Compare):
+                text = ast.unparse(node)
+                if re.search(r"\.(type|kind)\b.*==.*['\"](local|ssh|slurm)['\"]", text):
+                    asks.append(f"{rel}:{node.lineno}: {text}")
+    assert asks == []
+
+
+def test_the_coordinator_never_imports_tensorflow() -> None:
+    """Only the training process imports TensorFlow: the CLI starts fast without it."""
+    heavy = []
+    for path in sorted((REPO / "orchestrator").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import | ast.ImportFrom):
+                names = (
+                    [a.name for a in node.names]
+                    if isinstance(node, ast.Import)
+                    else [node.module or ""]
+                )
+                if any(n.split(".")[0] in ("tensorflow", "keras", "tf_keras") for n in names):
+                    heavy.append(f"{path.relative_to(REPO)}:{node.lineno}")
+    assert heavy == []
