@@ -17,7 +17,8 @@ from worker.spec import TaskStatus
 
 @dataclass
 class Watch:
-    """Per-attempt bookkeeping of what the supervisor has seen (coordinator clock)."""
+    """Per-attempt bookkeeping of what the supervisor has seen (coordinator clock). Written by
+    the ingest alone, one round at a time (orchestrator.ingest); everything else reads it."""
 
     started: float
     seq: dict[int, int] = field(default_factory=dict)
@@ -26,9 +27,6 @@ class Watch:
     step_changed: dict[int, float] = field(default_factory=dict)
     first_step: set[int] = field(default_factory=set)
     last: dict[int, dict[str, object]] = field(default_factory=dict)
-    # The startup deadline is checked once, when it passes: a group that met it then (a task
-    # whose steps are not observed meets it at the rendezvous) is not judged by it again.
-    startup_passed: bool = False
     host_ok: dict[int, float] = field(default_factory=dict)  # host -> last read that worked
     host_error: dict[int, str] = field(default_factory=dict)  # host -> why its last read failed
     # What each task looked like at its host's last answer, ages left out (added each round).

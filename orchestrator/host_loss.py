@@ -80,10 +80,7 @@ class Hosts:
     def lost(self, attempt: Attempt) -> Decision | None:
         """A failure decision when some host's reads failed for host_timeout."""
         watch, now = attempt.watch, time.monotonic()
-        lost = self.timing.lost_hosts(
-            {a.host_index for a in attempt.agents}, watch.host_ok, watch.host_error,
-            watch.started, now,
-        )  # fmt: skip
+        lost = self.timing.lost_hosts({a.host_index for a in attempt.agents}, watch, now)
         if not lost:
             return None
         parts = [

@@ -247,6 +247,9 @@ class Supervisor:
         sup = self.config.supervision
         watch = attempt.watch
         stragglers = StragglerWatch(sup.straggler_threshold)
+        # The startup deadline is checked once, when it passes: a group that met it then (a
+        # task whose steps are not observed meets it at the rendezvous) is not judged again.
+        startup_passed = False
         while not self.stop_requested.is_set():
             observations = self.tick.next(attempt, sup.poll_interval)
             lost = self.hosts.lost(attempt)
@@ -256,7 +259,7 @@ class Supervisor:
             decision = decide(
                 observations,
                 elapsed=elapsed,
-                startup_deadline=float("inf") if watch.startup_passed else sup.startup_deadline,
+                startup_deadline=float("inf") if startup_passed else sup.startup_deadline,
                 heartbeat_timeout=sup.heartbeat_timeout,
                 progress_timeout=sup.progress_timeout,
             )
@@ -265,7 +268,7 @@ class Supervisor:
             regrow = self.hosts.regrow(attempt)
             if regrow is not None:
                 return regrow
-            watch.startup_passed = elapsed > sup.startup_deadline
+            startup_passed = elapsed > sup.startup_deadline
             self._judge_stragglers(stragglers, attempt)
         return None
 

@@ -116,9 +116,7 @@ class Tick:
         hosts = agents_by_host(attempt.agents)
         while time.monotonic() < deadline and self._pollers:
             now = time.monotonic()
-            if not self.timing.overdue_hosts(
-                hosts, watch.host_ok, watch.host_error, watch.started, now
-            ):
+            if not self.timing.overdue_hosts(hosts, watch, now):
                 return
             self.next(attempt, 0.1)
 

@@ -12,6 +12,7 @@ import argparse
 import json
 import runpy
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -22,9 +23,11 @@ sys.path.insert(0, str(REPO))
 
 
 def load_plain_fit(backup_dir: str) -> dict[str, Any]:
-    """The script's globals after it built its model and dataset (and trained no epoch)."""
+    """The script's globals after it built its model and dataset (and trained no epoch). Its
+    BackupAndRestore gets a directory of its own: it deletes it when fit ends."""
     argv = sys.argv
-    sys.argv = [str(PLAIN_FIT), "--bench", "--epochs", "0", "--backup-dir", backup_dir]
+    own = tempfile.mkdtemp(prefix="plain-fit-backup-", dir=backup_dir)
+    sys.argv = [str(PLAIN_FIT), "--bench", "--epochs", "0", "--backup-dir", own]
     try:
         return runpy.run_path(str(PLAIN_FIT), run_name="__main__")
     finally:

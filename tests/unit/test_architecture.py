@@ -119,3 +119,23 @@ def test_the_coordinator_never_imports_tensorflow() -> None:
                 if any(n.split(".")[0] in ("tensorflow", "keras", "tf_keras") for n in names):
                     heavy.append(f"{path.relative_to(REPO)}:{node.lineno}")
     assert heavy == []
+
+
+def test_only_the_job_state_machine_writes_a_jobs_state_or_cause() -> None:
+    writes = []
+    for path in sorted((REPO / "orchestrator").rglob("*.py")):
+        rel = str(path.relative_to(REPO))
+        if rel in ("orchestrator/job_state.py", "orchestrator/store.py"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in ("update_job", "claim_job")
+                and (
+                    node.func.attr == "claim_job"
+                    or {k.arg for k in node.keywords} & {"state", "last_cause", None}
+                )
+            ):
+                writes.append(f"{rel}:{node.lineno}: {ast.unparse(node)}")
+    assert writes == []

@@ -50,8 +50,8 @@ def test_a_host_is_lost_only_once_its_reads_failed_for_host_timeout(tmp_path: Pa
     hosts, _, _ = hosts_for(tmp_path, config(tmp_path))
     watch = Watch(started=0.0, host_ok={0: 100.0, 1: 100.0}, host_error={1: "reset"})
     attempt = attempt_on((0, 1, 2), watch)
-    assert hosts.timing.lost_hosts((0, 1, 2), watch.host_ok, watch.host_error, 0.0, 104.9) == []
-    assert hosts.timing.lost_hosts((0, 1, 2), watch.host_ok, watch.host_error, 0.0, 105.0) == [1]
+    assert hosts.timing.lost_hosts((0, 1, 2), watch, 104.9) == []
+    assert hosts.timing.lost_hosts((0, 1, 2), watch, 105.0) == [1]
     watch.host_ok[1] = -1e9  # failing since long before now
     decision = hosts.lost(attempt)
     assert decision is not None and decision.kind == FailureKind.HOST_LOST

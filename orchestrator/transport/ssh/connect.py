@@ -7,6 +7,7 @@ import contextlib
 import shlex
 import socket
 from pathlib import Path
+from typing import cast
 
 import paramiko
 from fabric import Connection
@@ -121,9 +122,11 @@ def connection_hops(conn: Connection) -> list[Connection]:
     ProxyCommand gateway (a string) is the user's own command: no hop of ours."""
     hops: list[Connection] = []
     node: object = conn
-    while isinstance(node, Connection) and all(node is not hop for hop in hops):
-        hops.append(node)
-        node = node.gateway
+    # Fabric makes every ProxyJump hop a Connection of its own (never a subclass).
+    while type(node) is Connection and all(node is not hop for hop in hops):
+        hop = cast(Connection, node)
+        hops.append(hop)
+        node = hop.gateway
     return hops
 
 

@@ -92,9 +92,10 @@ class HelperClient:
             for line in self._reader:
                 try:
                     reply = json.loads(line)
-                except ValueError:
-                    reply = None
-                if not isinstance(reply, dict) or not isinstance(reply.get("id"), int):
+                    call_id = reply["id"]
+                except (ValueError, TypeError, KeyError):
+                    reply = call_id = None
+                if type(reply) is not dict or type(call_id) is not int:
                     # What the host sent is not ours to guess at: every call fails now, the
                     # host named, rather than waiting out its timeout.
                     self._broken = (
