@@ -39,7 +39,8 @@ def loopback_job(tmp_path: Path, args: list[str]) -> Path:
 def test_a_backend_written_against_the_protocol_alone_runs_restarts_and_ends_a_job(
     tmp_path: Path,
 ) -> None:
-    path = loopback_job(tmp_path, ["--mode", "ok", "--task-2", "fail-first:3"])
+    # Task 2 fails on the first attempt, well before the chief would succeed.
+    path = loopback_job(tmp_path, ["--mode", "ok-after:4", "--task-2", "fail-first:3"])
     config = load_config(path)
     store = Store(tmp_path / "state.db")
     job = register_job(store, config, str(path))
