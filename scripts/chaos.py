@@ -12,12 +12,14 @@ A violation is recorded with the seed and the schedule so far, to be replayed.
 Backends: local only for now (the SSH and Slurm test beds are not driven yet).
 Fault kinds: a trainer SIGKILLed, an agent SIGKILLed, a trainer SIGSTOPped past
 progress_timeout (a hang), a trainer SIGTERMed (a preemption: it checkpoints and exits with the
-preemption code; the restart budget is not spent), the supervisor SIGKILLed and `attach`ed.
+preemption code; the restart budget is not spent), the supervisor SIGKILLed and `attach`ed, the
+supervisor SIGSTOPped for 1-4 s (a coordinator stall) then SIGCONTed.
 Invariants: the job ends succeeded or stopped (never running, stopping or failed with the
 budget unspent); every restart resumes at or after the last completed epoch; no process of the
 job is left; strangers (plain sleeps of this user started beside the job) all survive; each
 fault is seen within its bound (a dead process 2 s, a hang progress_timeout + 2 s); a
-preemption does not spend the restart budget.
+preemption does not spend the restart budget; a stall restarts nothing; `status` never shows a
+killed process `running` past host_timeout + a keep-alive, nor `stopped` a process that runs.
 """
 
 from __future__ import annotations
@@ -39,8 +41,12 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 PLAIN_FIT = REPO / "tests" / "fixtures" / "plain_fit.py"
 PY = sys.executable
-KINDS = ("trainer_kill", "agent_kill", "trainer_hang", "preemption", "supervisor_kill")
+KINDS = (
+    "trainer_kill", "agent_kill", "trainer_hang", "preemption", "supervisor_kill",
+    "supervisor_stall",
+)  # fmt: skip
 PROGRESS_TIMEOUT = 6.0
+HOST_TIMEOUT, KEEPALIVE = 5.0, 1.0  # the defaults: a row may say `running` this long after
 BOUNDS = {  # seconds from the fault to the supervisor's failure event
     "trainer_kill": 2.0,
     "agent_kill": 2.0,
@@ -104,6 +110,16 @@ def job_processes(job: str) -> list[int]:
     return found
 
 
+def runs_in_job(pid: int, job: str) -> bool:
+    """Whether pid is a live (not zombie) process carrying the job's id."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text(errors="replace")
+        environ = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return False
+    return ") Z " not in stat and f"ORCHESTRATE_JOB_ID={job}".encode() in environ.split(b"\0")
+
+
 def write_config(root: Path, name: str, epochs: int) -> Path:
     shared = root / "shared"
     shared.mkdir(parents=True, exist_ok=True)
@@ -133,15 +149,17 @@ backoff = 0.5
     return path
 
 
+def training_now(v: dict[str, Any]) -> bool:
+    return v["state"] == "running" and all(
+        t["state"] == "running" and t["attempt"] == v["attempt"] and t["step"] > 0 and t["pid"]
+        for t in v["tasks"]
+    )
+
+
 def training(home: Path, job: str) -> dict[str, Any] | None:
     """The job's view once every task of its current attempt has stepped."""
     v = view(home, job)
-    tasks = v["tasks"]
-    ok = v["state"] == "running" and all(
-        t["state"] == "running" and t["attempt"] == v["attempt"] and t["step"] > 0 and t["pid"]
-        for t in tasks
-    )
-    return v if ok else None
+    return v if training_now(v) else None
 
 
 def inject(home: Path, v: dict[str, Any], kind: str, task: int, supervisor: list[int]) -> None:
@@ -154,6 +172,11 @@ def inject(home: Path, v: dict[str, Any], kind: str, task: int, supervisor: list
         os.kill(t["pid"], signal.SIGSTOP)
     elif kind == "preemption":
         os.kill(t["pid"], signal.SIGTERM)
+    elif kind == "supervisor_stall":
+        pid = v["supervisor"]["pid"]
+        os.kill(pid, signal.SIGSTOP)
+        time.sleep(1.0 + 3.0 * (task + 1) / len(v["tasks"]))  # 1-4 s, from the drawn task
+        os.kill(pid, signal.SIGCONT)
     elif kind == "supervisor_kill":
         os.kill(v["supervisor"]["pid"], signal.SIGKILL)
         time.sleep(0.5)
@@ -174,9 +197,29 @@ def check_fault(home: Path, fault: Fault, before: dict[str, Any]) -> None:
         if not back:
             fault.violations.append("no supervisor after attach")
         return
-    resumed = wait(
-        lambda: (v := training(home, fault.job)) and v["attempt"] > before["attempt"] and v, 180
-    )
+    if fault.kind == "supervisor_stall":
+        time.sleep(HOST_TIMEOUT + KEEPALIVE)  # long enough for a wrong verdict to show
+        after = view(home, fault.job)
+        if after["attempt"] != before["attempt"] or after["state"] != "running":
+            fault.violations.append(
+                f"a {fault.kind} changed the job: {after['state']}, attempt {after['attempt']}"
+                f" ({after['last_cause']})"
+            )
+        return
+    gone = before["tasks"][fault.task]["pid" if fault.kind != "agent_kill" else "agent_pid"]
+
+    def resumed_view() -> dict[str, Any] | None:
+        v = view(home, fault.job)
+        late = time.time() - fault.at > HOST_TIMEOUT + KEEPALIVE
+        for t in v["tasks"]:  # a dead process shown running well after its death: a lie
+            shown = t["state"] == "running" and gone in (t["pid"], t["agent_pid"])
+            if late and shown and fault.kind != "trainer_hang":
+                fault.violations.append(f"status shows pid {gone} running after its death")
+        if v["state"] == "running" and v["attempt"] > before["attempt"] and training_now(v):
+            return v
+        return None
+
+    resumed = wait(resumed_view, 180)
     if not resumed:
         fault.violations.append("the job did not resume within 180 s")
         return
@@ -245,6 +288,9 @@ def run_job(home: Path, root: Path, rng: random.Random, n: int, faults: list[Fau
             problems.append(f"{job}: ended {final['state']} ({final['last_cause']})")
         if stopped.returncode != 0 and final["state"] != "succeeded":
             problems.append(f"{job}: stop exited {stopped.returncode}: {stopped.stderr.strip()}")
+        for t in final["tasks"]:
+            if t["state"] == "stopped" and t["pid"] and runs_in_job(t["pid"], job):
+                problems.append(f"{job}: worker-{t['index']} shown stopped, {t['pid']} runs")
         left = wait(lambda: not job_processes(job), 15)
         if not left:
             problems.append(f"{job}: processes left 15 s after the end: {job_processes(job)}")
