@@ -164,6 +164,14 @@ def training(home: Path, job: str) -> dict[str, Any] | None:
 
 def inject(home: Path, v: dict[str, Any], kind: str, task: int, supervisor: list[int]) -> None:
     t = v["tasks"][task]
+    for pid in (t["pid"], t["agent_pid"]):  # only the job's own processes are ever signalled
+        if not (isinstance(pid, int) and pid > 1 and runs_in_job(pid, v["id"])):
+            raise SystemExit(f"chaos: pid {pid} is not a live process of {v['id']}: not signalled")
+    if kind in ("supervisor_kill", "supervisor_stall"):
+        sup = v["supervisor"]["pid"]
+        cmd = Path(f"/proc/{sup}/cmdline").read_bytes() if sup and sup > 1 else b""
+        if v["id"].encode() not in cmd and b"orchestrator" not in cmd:
+            raise SystemExit(f"chaos: pid {sup} is not the supervisor of {v['id']}")
     if kind == "trainer_kill":
         os.kill(t["pid"], signal.SIGKILL)
     elif kind == "agent_kill":
