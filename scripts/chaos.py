@@ -170,7 +170,7 @@ def inject(home: Path, v: dict[str, Any], kind: str, task: int, supervisor: list
     if kind in ("supervisor_kill", "supervisor_stall"):
         sup = v["supervisor"]["pid"]
         cmd = Path(f"/proc/{sup}/cmdline").read_bytes() if sup and sup > 1 else b""
-        if v["id"].encode() not in cmd and b"orchestrator" not in cmd:
+        if v["id"].encode() not in cmd or b"orchestrator" not in cmd:
             raise SystemExit(f"chaos: pid {sup} is not the supervisor of {v['id']}")
     if kind == "trainer_kill":
         os.kill(t["pid"], signal.SIGKILL)
