@@ -97,7 +97,7 @@ class AttemptControl:
         self._live, self._starting = attempt, []
         return attempt
 
-    def adopted(self, number: int, log_copies: Path) -> Attempt:
+    def adopted(self, number: int) -> Attempt:
         """The attempt recorded in the store, whose supervisor is gone: its agents, and tailers
         that go on from what the coordinator's log copies already hold."""
         job = self.store.get_job(self.job_id)
@@ -107,14 +107,7 @@ class AttemptControl:
         agents = [
             AgentRef(t.idx, t.host_index, t.agent_pid, t.agent_ident) for t in tasks if t.agent_pid
         ]
-        self._tailers = {
-            t.index: LogTailer(
-                self.backend.transport(t.host_index),
-                str(self.layout.log_path(t.index)),
-                offset=_size(log_copies / f"worker-{t.index}.log"),
-            )
-            for t in plan.tasks
-        }
+        self._tailers = {t.index: self._tailer(t.index, t.host_index) for t in plan.tasks}
         watch = Watch(started=time.monotonic())
         watch.first_step.update(  # adopted tasks may be past their first step
             t.idx for t in tasks if t.first_step_at is not None and t.attempt == number
@@ -126,12 +119,17 @@ class AttemptControl:
         """Each task's tailer: the same file at the same offset as the attempt before (a
         restart appends to each task's log), on the task's host of this attempt."""
         for t in plan.tasks:
-            transport = self.backend.transport(t.host_index)
             if t.index in self._tailers:
-                self._tailers[t.index].transport = transport
+                self._tailers[t.index].transport = self.backend.transport(t.host_index)
             else:
-                self._tailers[t.index] = LogTailer(transport, str(self.layout.log_path(t.index)))
+                self._tailers[t.index] = self._tailer(t.index, t.host_index)
         return self._tailers
+
+    def _tailer(self, index: int, host: int) -> LogTailer:
+        """A new tailer of a task's log, from what its durable copy already holds: a resumed or
+        adopted job's earlier attempts were copied by the supervisor before this one."""
+        copied = _size(self.sink.copy_dir / f"worker-{index}.log")
+        return LogTailer(self.backend.transport(host), str(self.layout.log_path(index)), copied)
 
     def record_plan(self, plan: LaunchPlan, number: int, since_launch: float) -> list[WorkerSpec]:
         """The plan's tasks recorded (pending), and each task's spec, with the seconds since the

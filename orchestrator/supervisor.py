@@ -89,7 +89,7 @@ class Supervisor:
         """Supervise a job whose agents are running but whose supervisor is gone."""
         self.store.add_event(self.job.id, "attached", f"supervisor {os.getpid()} adopted the job")
         self.sink.info(f"attached to job {self.job.id} (attempt {self.job.attempt})")
-        attempt = self.attempts.adopted(self.job.attempt, self.sink.copy_dir)
+        attempt = self.attempts.adopted(self.job.attempt)
         if len(attempt.agents) < len(attempt.plan.tasks):  # died mid-launch: it is incomplete
             return self._main(
                 adopted=attempt, first=failure(FailureKind.LOST, "launch was interrupted")

@@ -289,3 +289,23 @@ def test_resume_continues_a_failed_job_with_its_id_its_next_attempt_and_a_fresh_
     assert again.code == 2 and again.err.strip() == (
         f"error: job {job['id']} already succeeded: nothing to resume"
     )
+
+
+def test_a_resumed_job_logs_each_line_of_its_earlier_attempts_once(
+    tmp_path: Path, cli: Callable[..., CliResult], reap_pids: list[int]
+) -> None:
+    # The resume's supervisor reads each task's log on from what the durable copy holds, as an
+    # attach does: not from the start of the file, which every attempt appends to.
+    path = tmp_path / "c.toml"
+    args = ["--mode", "ok", "--task-0", "fail-before:1:3"]
+    path.write_text(fake_job(tmp_path, args, extra="[restart]\nmax_restarts = 0\n"))
+    assert cli("launch", str(path), timeout=60).code == 1
+    [failed] = status_json(cli)["jobs"]
+    reap_pids.extend(_job_pids(failed, tmp_path / "shared"))
+
+    assert cli("resume", failed["id"], timeout=60).code == 0
+    reap_pids.extend(_job_pids(status_json(cli)["jobs"][0], tmp_path / "shared"))
+
+    logs = cli("logs", failed["id"]).out
+    for task in (0, 1):  # one line per attempt (0 and 1), each once
+        assert logs.count(f"task {task} mode ") == 2, logs
