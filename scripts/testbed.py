@@ -176,14 +176,8 @@ def up(count: int, root: Path, epochs: int = 8) -> Testbed:
             config.write_text(
                 SSHD_CONFIG.format(address=address, host_key=host_key, host_dir=host_dir, root=root)
             )
-            log = open(host_dir / "sshd.log", "ab")  # noqa: SIM115 - handed to the child
-            sshd = subprocess.Popen(
-                ["ip", "netns", "exec", namespace, "unshare", "--uts", "sh", "-c",
-                 'hostname "$1" && exec "$2" -D -e -f "$3"', "sh", name, SSHD, str(config)],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
-            )  # fmt: skip
-            log.close()
-            hosts[-1] = TestHost(name, namespace, address, veth, sshd.pid, str(host_dir))
+            sshd_pid = start_sshd(namespace, name, host_dir)
+            hosts[-1] = TestHost(name, namespace, address, veth, sshd_pid, str(host_dir))
             _save_partial(root, state)
         for host in hosts:
             _wait_port(host.address, 22, 15)
@@ -203,6 +197,20 @@ def up(count: int, root: Path, epochs: int = 8) -> Testbed:
     except BaseException:
         down(root)
         raise
+
+
+def start_sshd(namespace: str, name: str, host_dir: Path) -> int:
+    """Start a host's sshd (its config written by `up`) in its namespace, under its own
+    hostname; its pid. Also how a host comes back after a simulated reboot."""
+    config = host_dir / "sshd_config"
+    log = open(host_dir / "sshd.log", "ab")  # noqa: SIM115 - handed to the child
+    sshd = subprocess.Popen(
+        ["ip", "netns", "exec", namespace, "unshare", "--uts", "sh", "-c",
+         'hostname "$1" && exec "$2" -D -e -f "$3"', "sh", name, SSHD, str(config)],
+        stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
+    )  # fmt: skip
+    log.close()
+    return sshd.pid
 
 
 def _cluster_toml(
