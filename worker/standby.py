@@ -58,8 +58,10 @@ MAX_STANDBY_DEATHS = 3
 
 def socket_path(job_id: str, task_index: int) -> str:
     """The task's keeper socket in this user's private directory (UnsafeDirectory, an
-    OSError, when that directory is not ours alone)."""
-    name = f"{job_id}-{task_index}.sock"
+    OSError, when that directory is not ours alone). The host's name is part of it: hosts that
+    share that directory (one /tmp for several containers or namespaces) each keep their own,
+    and a task moved to another host never starts in a standby of the host it left."""
+    name = f"{job_id}-{task_index}-{socket.gethostname()}.sock"
     if len(name) > 60:  # a unix socket path has at most 107 bytes
         name = hashlib.sha256(name.encode()).hexdigest()[:32] + ".sock"
     return os.path.join(private_dir("standby"), name)
