@@ -259,6 +259,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--kinds", help="only these fault kinds, comma-separated (a replay)")
     args = parser.parse_args()
     seed = args.seed if args.seed is not None else int(datetime.date.today().strftime("%Y%m%d"))
     if args.quick:
@@ -269,6 +270,8 @@ def main() -> None:
     problems: list[str] = []
     started = time.time()
     bed = open_bed(args.backend)
+    if args.kinds:
+        bed.kinds = tuple(k for k in bed.kinds if k in args.kinds.split(","))
     try:
         # Not under a private tmp: the hosts' and nodes' processes write the truth files.
         with tempfile.TemporaryDirectory(prefix="chaos-", dir="/tmp") as tmp:

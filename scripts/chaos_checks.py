@@ -152,7 +152,9 @@ def check_fault(cli: Cli, fault: Fault, before: dict[str, Any]) -> None:
             fault.violations.append("attach took over a job whose supervisor lives")
     if fault.kind not in RESTARTS | {"link_about", "stop_resume"}:
         if not wait(lambda: training_now(cli.view(fault.job)), 120):
-            fault.violations.append("the job did not train again within 120 s")
+            fault.violations.append(
+                f"the job did not train again within 120 s: {where(cli, fault)}"
+            )
         return
     gone = before["tasks"][fault.task]["pid" if fault.kind != "agent_kill" else "agent_pid"]
     killed = fault.kind in ("trainer_kill", "agent_kill", "host_reboot")
@@ -185,7 +187,7 @@ def check_fault(cli: Cli, fault: Fault, before: dict[str, Any]) -> None:
         resumed_by_hand.append(cli("resume", fault.job, "--detach", "--plain", timeout=300))
     resumed = wait(resumed_view, 180)
     if not resumed:
-        fault.violations.append("the job did not train again within 180 s")
+        fault.violations.append(f"the job did not train again within 180 s: {where(cli, fault)}")
         return
     if resumed["attempt"] == before["attempt"]:
         return  # link_about, not seen as lost
@@ -222,6 +224,15 @@ def check_fault(cli: Cli, fault: Fault, before: dict[str, Any]) -> None:
         fault.violations.append(f"spent {fault.budget_spent} restarts of the budget (want {want})")
     if fault.kind in PREEMPTIONS and resumed["preemptions"] <= before["preemptions"]:
         fault.violations.append("a preemption was not counted as one")
+
+
+def where(cli: Cli, fault: Fault) -> str:
+    """What the job looks like when it did not come back: for the record, to replay."""
+    v = cli.view(fault.job)
+    tasks = [(t["host"], t["state"], t["attempt"], t["step"]) for t in v["tasks"]]
+    events = [f"{e['kind']}: {e['message'][:160]}" for e in v["events"][-6:]]
+    return (f"{v['state']} attempt {v['attempt']} ({v['last_cause']}); tasks {tasks}; "
+            f"hosts {v['host_notes']}; events {events}")  # fmt: skip
 
 
 NUMBERED = re.compile(r"numbered ([0-9a-f]{8}) (\d+)\s*$")
