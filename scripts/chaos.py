@@ -75,7 +75,7 @@ shared_dir = "{shared}"
 [entrypoint]
 script = "{PLAIN_FIT}"
 args = ["--epochs", "{epochs}", "--backup-dir", "{shared}/backup-{name}", "--step-delay", "0.05"]
-env = {{ TF_CPP_MIN_LOG_LEVEL = "2", NUMBERED_LINES = "{root}/truth-{name}" }}
+env = {{ TF_CPP_MIN_LOG_LEVEL = "2", NUMBERED_LINES = "{shared}/truth-{name}" }}
 workdir = "{REPO}"
 
 [backend]
@@ -88,7 +88,7 @@ heartbeat_interval = 0.5
 max_restarts = 1000
 backoff = 0.5
 {bed.restart_toml()}""")
-    (root / f"truth-{name}").mkdir(mode=0o777, exist_ok=True)
+    (shared / f"truth-{name}").mkdir(mode=0o777, exist_ok=True)
     return path
 
 
@@ -246,7 +246,7 @@ def end_job(cli: Cli, job: str, root: Path, name: str) -> list[str]:
             problems.append(f"{job}: worker-{t['index']} shown stopped, {t['pid']} runs")
     if not wait(lambda: not job_processes(job), 15):
         problems.append(f"{job}: processes left 15 s after the end: {job_processes(job)}")
-    problems += check_numbered_lines(cli, job, root / f"truth-{name}")
+    problems += check_numbered_lines(cli, job, root / "shared" / f"truth-{name}")
     if max(t["epoch"] for t in final["tasks"]) >= 2:  # an epoch completed: its checkpoint
         problems += check_checkpoint_loads(root / "shared" / f"backup-{name}")
     return problems
@@ -279,12 +279,16 @@ def main() -> None:
             root = Path(tmp)
             os.chmod(root, 0o755)
             cli = Cli(root / "home", bed.env())
-            while len(faults) < args.faults:
-                n = min(args.per_job, args.faults - len(faults))
-                before = len(faults)
-                problems += run_job(bed, cli, root, rng, n, faults)
-                if len(faults) == before:
-                    break  # a job that could not be faulted: said in problems
+            bed.prepare(root / "shared")
+            try:
+                while len(faults) < args.faults:
+                    n = min(args.per_job, args.faults - len(faults))
+                    before = len(faults)
+                    problems += run_job(bed, cli, root, rng, n, faults)
+                    if len(faults) == before:
+                        break  # a job that could not be faulted: said in problems
+            finally:
+                bed.unprepare(root / "shared")
     finally:
         bed.close()
     violations = problems + [

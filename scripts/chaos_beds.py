@@ -23,6 +23,7 @@ import contextlib
 import slurmbed
 import testbed
 
+REPO = Path(__file__).resolve().parent.parent
 COMMON = (
     "trainer_kill", "agent_kill", "trainer_hang", "preemption", "supervisor_kill",
     "supervisor_stall", "stop_resume", "attach_live",
@@ -38,13 +39,43 @@ def later(seconds: float, action: Any) -> None:
     timer.start()
 
 
+WARM = ("keeper_kill", "standby_kill")  # where warm restarts are on (local, SSH)
+
+
 class LocalBed:
     name = "local"
-    kinds: tuple[str, ...] = COMMON
-    workers = 2
+    kinds: tuple[str, ...] = (*COMMON, *WARM)
+    shared: Path | None = None  # a small tmpfs, to be filled (root only)
 
     def env(self) -> dict[str, str]:
         return {}
+
+    def prepare(self, shared: Path) -> None:
+        """The shared directory as a 64 MiB tmpfs, so `shared_full` can fill it (root only)."""
+        if os.geteuid() != 0:
+            return
+        shared.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m,mode=0755", "tmpfs", str(shared)],
+                       check=True)  # fmt: skip
+        self.shared = shared
+        self.kinds = (*self.kinds, "shared_full")
+
+    def unprepare(self, shared: Path) -> None:
+        if self.shared is not None:
+            subprocess.run(["umount", "--lazy", str(self.shared)], check=False)
+            self.shared = None
+
+    def _fill(self, seconds: float) -> str:
+        """Fill the shared tmpfs to the last byte, and free it `seconds` later."""
+        assert self.shared is not None
+        filler = self.shared / ".chaos-fill"
+        with open(filler, "wb", buffering=0) as out:
+            for size in (1 << 20, 4096, 1):
+                with contextlib.suppress(OSError):
+                    while True:
+                        out.write(b"\0" * size)
+        later(seconds, lambda: filler.unlink(missing_ok=True))
+        return f"shared_dir full for {seconds:g} s"
 
     def backend_toml(self) -> str:
         return 'type = "local"\nworkers = 2\n'
@@ -56,6 +87,26 @@ class LocalBed:
         return ""
 
     def inject(self, kind: str, view: dict[str, Any], task: int) -> str:
+        trainer = view["tasks"][task]["pid"]
+        keepers = [
+            pid for pid, argv in _processes()
+            if argv[1:2] == [str(STANDBY)] and argv[2:4] == [view["id"], str(task)]
+            and _same_host(pid, trainer)
+        ]  # fmt: skip
+        if kind == "keeper_kill" and keepers:
+            os.kill(keepers[0], signal.SIGKILL)
+            return f"keeper {keepers[0]} killed"
+        standbys = [
+            pid for pid, argv in _processes()
+            if "--standby" in argv and _parent(pid) in keepers and pid != trainer
+        ]  # fmt: skip
+        if kind == "standby_kill" and standbys:
+            os.kill(standbys[0], signal.SIGKILL)
+            return f"standby {standbys[0]} killed"
+        if kind in WARM:
+            return f"no {kind.split('_')[0]} to kill"
+        if kind == "shared_full":
+            return self._fill(3.0 + 3.0 * task)
         raise ValueError(f"{self.name} has no fault kind {kind}")
 
     def close(self) -> None:
@@ -66,7 +117,8 @@ class SshBed(LocalBed):
     """Three hosts: two train, one is the spare; host_wait is short so a long cut replaces."""
 
     name = "ssh"
-    kinds = (*COMMON, "link_short", "link_about", "link_long", "sshd_kill", "host_reboot")
+    kinds = (*LocalBed.kinds, "link_short", "link_about", "link_long", "sshd_kill", "host_reboot",
+             "helper_kill")  # fmt: skip
 
     def __init__(self) -> None:
         self.root = Path(tempfile.mkdtemp(prefix="chaos-ssh-", dir="/tmp"))
@@ -74,6 +126,9 @@ class SshBed(LocalBed):
         self.hosts = {h.name: h for h in self.bed.hosts}
         self.sshd = {h.name: h.sshd_pid for h in self.bed.hosts}
         self.lock = threading.Lock()
+
+    def prepare(self, shared: Path) -> None:
+        pass
 
     def backend_toml(self) -> str:
         lines = [
@@ -105,6 +160,16 @@ class SshBed(LocalBed):
             self._kill_sshd(host.name)
             later(2.0, lambda: self._start_sshd(host.name))
             return f"{host.name}'s sshd killed, back after 2 s"
+        if kind == "helper_kill":  # the supervisor's helper on the host: the oldest one there
+            helpers = [
+                pid for pid, argv in _processes()
+                if argv[1:3] == ["-m", "worker.hostd"] and _in(pid, host.namespace)
+            ]  # fmt: skip
+            if not helpers:
+                return f"no host helper on {host.name}"
+            pid = min(helpers, key=_started)
+            os.kill(pid, signal.SIGKILL)
+            return f"{host.name}'s host helper {pid} killed"
         if kind == "host_reboot":
             killed = self._kill_all(host)
             later(2.0, lambda: self._start_sshd(host.name))
@@ -153,6 +218,9 @@ class SlurmBed(LocalBed):
     def env(self) -> dict[str, str]:
         return {"SLURM_CONF": self.bed.slurm_conf}
 
+    def prepare(self, shared: Path) -> None:
+        pass
+
     def backend_toml(self) -> str:
         return (f'type = "slurm"\npartition = "{slurmbed.PARTITION}"\nnodes = 2\n'
                 f'python = "{sys.executable}"\n')  # fmt: skip
@@ -176,6 +244,52 @@ class SlurmBed(LocalBed):
             time.sleep(2)
         slurmbed.down(self.root)
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+STANDBY = REPO / "worker" / "standby.py"
+
+
+def _processes() -> list[tuple[int, list[str]]]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            argv = _cmdline(int(entry.name)).decode(errors="replace").split("\0")[:-1]
+            if argv:
+                found.append((int(entry.name), argv))
+    return found
+
+
+def _stat(pid: int) -> list[str]:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return []
+
+
+def _parent(pid: int) -> int:
+    fields = _stat(pid)
+    return int(fields[1]) if fields else 0
+
+
+def _started(pid: int) -> int:
+    fields = _stat(pid)
+    return int(fields[19]) if fields else 0
+
+
+def _net(pid: int) -> str:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/net")
+    except OSError:
+        return ""
+
+
+def _same_host(pid: int, other: int) -> bool:
+    return bool(_net(pid)) and _net(pid) == _net(other)
+
+
+def _in(pid: int, namespace: str) -> bool:
+    out = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True, text=True)
+    return str(pid) in out.stdout.split()
 
 
 def _cmdline(pid: int) -> bytes:

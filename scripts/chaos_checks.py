@@ -28,6 +28,11 @@ RESTARTS = {
     "slurm_preempt",
 }  # fmt: skip
 STEADY = {"supervisor_stall", "link_short", "sshd_kill", "attach_live"}
+# A restart or none: a link down for about host_timeout; a keeper killed (its standby, maybe the
+# trainer, go with it); a standby or a host helper killed (replaced, unseen by training).
+# A shared_dir full for 3-6 s: a trainer whose print or checkpoint fails ends, maybe more than
+# once while it lasts.
+EITHER = {"link_about", "keeper_kill", "standby_kill", "helper_kill", "shared_full"}
 PREEMPTIONS = {"preemption", "slurm_preempt"}  # a restart that spends no budget
 BOUNDS = {  # seconds from the fault to the supervisor's failure event
     "trainer_kill": 2.0,
@@ -37,6 +42,10 @@ BOUNDS = {  # seconds from the fault to the supervisor's failure event
     "host_reboot": HOST_TIMEOUT + 1.0,
     "link_long": HOST_TIMEOUT + 1.0,
     "link_about": HOST_TIMEOUT + 1.0,
+    "keeper_kill": 2.0,
+    "standby_kill": 2.0,
+    "helper_kill": HOST_TIMEOUT + 1.0,
+    "shared_full": 2.0,
 }
 SETTLE = {  # how long a steady kind is watched for a wrong verdict
     "supervisor_stall": HOST_TIMEOUT + KEEPALIVE,
@@ -150,7 +159,7 @@ def check_fault(cli: Cli, fault: Fault, before: dict[str, Any]) -> None:
             and after["supervisor"]["pid"] != before["supervisor"]["pid"]
         ):
             fault.violations.append("attach took over a job whose supervisor lives")
-    if fault.kind not in RESTARTS | {"link_about", "stop_resume"}:
+    if fault.kind not in RESTARTS | EITHER | {"stop_resume"}:
         if not wait(lambda: training_now(cli.view(fault.job)), 120):
             fault.violations.append(
                 f"the job did not train again within 120 s: {where(cli, fault)}"
@@ -176,8 +185,8 @@ def check_fault(cli: Cli, fault: Fault, before: dict[str, Any]) -> None:
             fault.what += f"; failed ({v['last_cause']}), resumed"
         if v["state"] == "running" and v["attempt"] > before["attempt"] and training_now(v):
             return v
-        if fault.kind == "link_about" and time.time() - fault.at > 2 * HOST_TIMEOUT + 2:
-            return v if training_now(v) else None  # not seen as lost: training on
+        if fault.kind in EITHER and time.time() - fault.at > 2 * HOST_TIMEOUT + 2:
+            return v if training_now(v) else None  # no restart: training on
         return None
 
     if fault.kind == "stop_resume":
@@ -190,7 +199,7 @@ def check_fault(cli: Cli, fault: Fault, before: dict[str, Any]) -> None:
         fault.violations.append(f"the job did not train again within 180 s: {where(cli, fault)}")
         return
     if resumed["attempt"] == before["attempt"]:
-        return  # link_about, not seen as lost
+        return  # an EITHER kind that needed no restart
     failures = [e for e in resumed["events"] if e["kind"] == "failure" and e["ts"] >= fault.at]
     if failures and fault.kind in BOUNDS:
         fault.detected_s = round(failures[0]["ts"] - fault.at, 3)
@@ -216,6 +225,8 @@ def check_fault(cli: Cli, fault: Fault, before: dict[str, Any]) -> None:
         before["restarts"] - before["preemptions"]
     )
     want = 0 if fault.kind in PREEMPTIONS else 1
+    if fault.kind == "shared_full":
+        return  # one restart per trainer that met the full disk: counted, not fixed
     if fault.overlap and fault.budget_spent not in (want, want + 1):
         fault.violations.append(
             f"spent {fault.budget_spent} restarts (overlapped: {want}-{want + 1})"
