@@ -11,7 +11,6 @@ import dataclasses
 import threading
 import time
 from collections.abc import Collection, Sequence
-from pathlib import Path
 
 from orchestrator.agents import AgentRef
 from orchestrator.attempt import Attempt, Watch
@@ -128,8 +127,11 @@ class AttemptControl:
     def _tailer(self, index: int, host: int) -> LogTailer:
         """A new tailer of a task's log, from what its durable copy already holds: a resumed or
         adopted job's earlier attempts were copied by the supervisor before this one."""
-        copied = _size(self.sink.copy_dir / f"worker-{index}.log")
-        return LogTailer(self.backend.transport(host), str(self.layout.log_path(index)), copied)
+        return LogTailer.following(
+            self.backend.transport(host),
+            str(self.layout.log_path(index)),
+            self.sink.copy_dir / f"worker-{index}.log",
+        )
 
     def record_plan(self, plan: LaunchPlan, number: int, since_launch: float) -> list[WorkerSpec]:
         """The plan's tasks recorded (pending), and each task's spec, with the seconds since the
@@ -287,10 +289,3 @@ def _task_plan(task: TaskRecord) -> TaskPlan:
         port=int(port) if port.isdigit() else None,
         type=task.type,
     )
-
-
-def _size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except FileNotFoundError:
-        return 0

@@ -55,6 +55,16 @@ class LogTailer:
         self._partial = b""
         self._cutting = False  # inside a line whose first piece went out as a Cut
 
+    @classmethod
+    def following(cls, transport: Transport, path: str, copy: Path) -> LogTailer:
+        """A tailer that goes on from what the durable copy of this log already holds."""
+        tailer = cls(transport, path, _size(copy))
+        if tailer.offset:  # the copy ends inside a line: its rest is kept, not shown again
+            with copy.open("rb") as held:
+                held.seek(-1, 2)
+                tailer._cutting = held.read(1) != b"\n"
+        return tailer
+
     def poll(self) -> list[bytes]:
         return self.feed(self.transport.read_file(self.path, self.offset))
 
@@ -77,11 +87,16 @@ class LogTailer:
         return lines
 
     def flush(self) -> list[bytes]:
-        """At the end: whatever is left, even without a final newline."""
+        """At an attempt's end: whatever is left, even a line without its newline. That one goes
+        out as a Cut (the copy gets no newline the log lacks, so it stays byte for byte the log
+        and a tailer started from its size is where this one is); whatever ends it later is
+        kept in the copy, not shown."""
         lines = self.poll()
         if self._partial:
-            lines.append(CutTail(self._partial) if self._cutting else self._partial)
-            self._partial, self._cutting = b"", False
+            piece = Cut(self._partial)
+            piece.first = not self._cutting
+            lines.append(piece)
+            self._partial, self._cutting = b"", True
         return lines
 
 
@@ -158,6 +173,13 @@ class LineSink:
                 log.close()
                 times.close()
             self._files.clear()
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
 
 
 def times_path(log: Path) -> Path:

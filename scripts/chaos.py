@@ -283,8 +283,6 @@ def main() -> None:
             bed.prepare(root / "shared")
             if args.kinds:
                 bed.kinds = tuple(k for k in bed.kinds if k in args.kinds.split(","))
-            if args.quick:  # open: a full shared_dir once lost one numbered line (docs/faults.md)
-                bed.kinds = tuple(k for k in bed.kinds if k != "shared_full")
             try:
                 empty = 0  # jobs in a row that met no fault
                 while len(faults) < args.faults and empty < 3:

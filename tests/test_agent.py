@@ -64,6 +64,20 @@ def test_success_writes_final_status_log_and_progress(tmp_path: Path) -> None:
     assert "trainer exited with code 0" in log
 
 
+def test_an_attempt_after_one_that_ended_mid_line_starts_on_a_line_of_its_own(
+    tmp_path: Path,
+) -> None:
+    log = tmp_path / "shared" / "job-1" / "logs" / "worker-0.log"
+    log.parent.mkdir(parents=True)
+    log.write_bytes(b"attempt 0's last line, cut sho")
+    proc, spec = _start(tmp_path, "ok")
+    assert Path(spec.layout.log_path(0)) == log
+    assert proc.wait(timeout=30) == 0
+    first, second = log.read_text().splitlines()[:2]
+    assert first == "attempt 0's last line, cut sho"
+    assert second.startswith("[orchestrate] attempt 0: worker-0 on local starting")
+
+
 def test_failure_exit_code_is_propagated(tmp_path: Path) -> None:
     proc, spec = _start(tmp_path, "fail:7")
     assert proc.wait(timeout=30) == 7

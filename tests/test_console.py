@@ -308,3 +308,31 @@ def test_plain_on_a_terminal_and_status_watch(
     wait_for(lambda: "EXIT=0" in terminal.screen(), 30)  # --watch ends with the job
     assert "stopped" in terminal.screen()
     wait_for_end(cli, job)
+
+
+def test_a_tailer_taken_over_from_the_copy_goes_on_where_the_copy_ends_after_a_cut_line(
+    tmp_path: Path,
+) -> None:
+    """An attempt that ends on a line without its newline (a trainer killed mid-write, or a
+    write cut short by a full disk), then a supervisor that dies: the tailer of whoever takes
+    over starts from the durable copy, which must stay byte for byte the host's log, or the
+    new tailer starts a few bytes into the next line and loses it."""
+    from orchestrator.logstream import LogTailer
+    from orchestrator.transport.local import LocalTransport
+
+    host_log, copies = tmp_path / "host.log", tmp_path / "copies"
+    sink = LineSink(copies, None)
+    tailer = LogTailer.following(LocalTransport(), str(host_log), copies / "worker-0.log")
+    host_log.write_bytes(b"attempt 0 starting\nnumbered 0000000a 1\nnumbered 0000000a 2")
+    sink.task_lines(0, "h", tailer.poll())
+    sink.task_lines(0, "h", tailer.flush())  # the attempt ends: its cut line goes out too
+    with host_log.open("ab") as log:
+        log.write(b"attempt 1 starting\nnumbered 0000000b 1\n")
+    sink.task_lines(0, "h", tailer.poll())
+    with host_log.open("ab") as log:  # written while no supervisor lives
+        log.write(b"numbered 0000000b 2\nnumbered 0000000b 3\n")
+    taken_over = LogTailer.following(LocalTransport(), str(host_log), copies / "worker-0.log")
+    sink.task_lines(0, "h", taken_over.flush())
+    sink.close()
+    assert (copies / "worker-0.log").read_bytes() == host_log.read_bytes()
+    assert b"\nnumbered 0000000b 2\n" in host_log.read_bytes()

@@ -128,6 +128,7 @@ class Agent:
         self._write_status(AgentState.STARTING)
 
         with open(self.log_path, "ab", buffering=0) as log:
+            _start_on_a_fresh_line(self.log_path, log)
             _note(
                 log,
                 f"attempt {spec.attempt}: {spec.task_type}-{spec.task_index} "
@@ -351,6 +352,14 @@ def _say(text: str) -> None:
     """A line on stderr (agent.log, itself on the shared directory, which may be full)."""
     with contextlib.suppress(OSError, ValueError):
         print(text, file=sys.stderr, flush=True)
+
+
+def _start_on_a_fresh_line(path: Path, log: BinaryIO) -> None:
+    """An earlier attempt may have ended mid-line (killed mid-write, or a full disk cut a write
+    short): this attempt's lines start on a line of their own."""
+    with contextlib.suppress(OSError), open(path, "rb") as held:
+        if held.seek(0, os.SEEK_END) and held.seek(-1, os.SEEK_END) >= 0 and held.read(1) != b"\n":
+            log.write(b"\n")
 
 
 def _note(log: BinaryIO | None, text: str) -> None:
