@@ -60,6 +60,26 @@ def _echo(text: str = "") -> None:
     sys.stdout.write(text + "\n")
 
 
+def _print_version(wanted: bool) -> None:
+    if wanted:
+        from importlib.metadata import version
+
+        _echo(f"orchestrate {version('orchestrate')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _everywhere(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", help="Print the version and exit.", callback=_print_version, is_eager=True
+        ),
+    ] = False,
+) -> None:
+    """Train one TensorFlow model on many hosts with MultiWorkerMirroredStrategy."""
+
+
 @app.command()
 def validate(config: ConfigArg) -> None:
     """Check a cluster.toml without starting anything."""
