@@ -7,7 +7,6 @@ them, so `orchestrate status` starts fast. TensorFlow is never imported here.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from collections.abc import Callable
@@ -17,11 +16,10 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from orchestrator.console import console_sink, detach_progress
-from orchestrator.errors import OrchestrateError, UsageError, exit_code_for
+from orchestrator.errors import OrchestrateError, exit_code_for
 from orchestrator.job_records import launch_config, stored_config
 from orchestrator.job_state import failing_job_on_error
 from orchestrator.paths import (
-    collected_dir,
     job_home,
     log_copies_dir,
     make_files_private,
@@ -68,15 +66,13 @@ def _print_version(wanted: bool) -> None:
         raise typer.Exit()
 
 
+VersionOpt = Annotated[
+    bool, typer.Option("--version", help="Print the version and exit.", callback=_print_version)
+]
+
+
 @app.callback()
-def _everywhere(
-    version: Annotated[
-        bool,
-        typer.Option(
-            "--version", help="Print the version and exit.", callback=_print_version, is_eager=True
-        ),
-    ] = False,
-) -> None:
+def _everywhere(version: VersionOpt = False) -> None:
     """Train one TensorFlow model on many hosts with MultiWorkerMirroredStrategy."""
 
 
@@ -214,28 +210,13 @@ def tensorboard(
     host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
 ) -> None:
     """Serve TensorBoard on a job's log directory (every task logs to its own run)."""
-    import socket as _socket
+    from orchestrator.tensorboard_serve import become_tensorboard, free_port, logdir_of
 
-    store = Store()
-    job = store.get_job(job_ref)
-    logdir = Path(job.job_dir) / "tensorboard"
-    if not logdir.is_dir():  # the shared directory is not mounted here: use collected copies
-        logdir = collected_dir(job.id) / "tensorboard"
-    if not logdir.is_dir():
-        raise UsageError(
-            f"job {job.id} has no TensorBoard logs here (tried {job.job_dir}/tensorboard)"
-        )
-    if port == 0:
-        with _socket.socket() as probe:
-            probe.bind((host, 0))
-            port = probe.getsockname()[1]
+    job = Store().get_job(job_ref)
+    logdir = logdir_of(job)
+    port = port or free_port(host)
     _echo(f"TensorBoard for job {job.id}: http://{host}:{port}/  (logdir {logdir}; Ctrl-C stops)")
-    sys.stdout.flush()
-    argv = [sys.executable, "-m", "tensorboard.main", "--logdir", str(logdir),
-            "--host", host, "--port", str(port)]  # fmt: skip
-    # Become TensorBoard: a signal to this process (Ctrl-C, a stop) then reaches it directly,
-    # and no child is left behind.
-    os.execv(sys.executable, argv)
+    become_tensorboard(logdir, host, port)
 
 
 @app.command()
@@ -398,8 +379,8 @@ def main() -> None:
     try:
         # standalone_mode=False: click returns typer.Exit's code instead of exiting itself.
         code = app(standalone_mode=False)
-    except OrchestrateError as exc:
-        sys.stderr.write(f"error: {exc}\n")
+    except OrchestrateError as exc:  # one line per problem (a config may have several)
+        sys.stderr.write("".join(f"error: {line}\n" for line in str(exc).splitlines()))
         sys.exit(exit_code_for(exc))
     except typer.Exit as exc:
         sys.exit(exc.exit_code)

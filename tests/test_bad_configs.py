@@ -2,7 +2,7 @@
 line on stderr naming the key (or host), exit code 2, no traceback, and nothing started.
 
 Each file's first line is `# expect: <substring of the message>` (more `# expect:` lines may
-follow; every one must appear). `{tmp}` in a file is replaced by the test's tmp dir; the file is
+follow; every one must appear); a file with several problems says `# problems: N` (one line each). `{tmp}` in a file is replaced by the test's tmp dir; the file is
 copied there first, so a relative shared_dir ("shared") lands in that tmp dir too, and a regular
 file `a_file` sits beside it. Cases that cannot be a small .toml file (a FIFO, /dev/zero, deep
 nesting, values over the exec size limit, an oversized file) are built below as extra cases.
@@ -22,6 +22,7 @@ from tests.conftest import CliResult
 CASES_DIR = Path(__file__).parent / "bad_configs"
 CASES = sorted(p.stem for p in CASES_DIR.glob("*.toml"))
 EXPECT = "# expect: "
+PROBLEMS = "# problems: "
 # Also run through `orchestrate launch`: it must refuse them before registering a job.
 LAUNCHED = (
     "workers_string",
@@ -33,6 +34,7 @@ LAUNCHED = (
     "python_with_option",
     "shared_dir_too_long",
     "heartbeat_interval_not_below_timeout",
+    "three_problems",
 )
 
 GOOD_HEAD = """
@@ -59,6 +61,12 @@ def expectations(text: str) -> list[str]:
     return found
 
 
+def error_lines(text: str) -> int:
+    """How many problems the case holds: `# problems: N` after its expectations, else 1."""
+    marked = [ln for ln in text.splitlines() if ln.startswith(PROBLEMS)]
+    return int(marked[0].removeprefix(PROBLEMS)) if marked else 1
+
+
 def job_rows(home: Path) -> int:
     db = home / "state.db"
     if not db.exists():
@@ -67,11 +75,17 @@ def job_rows(home: Path) -> int:
         return int(conn.execute("SELECT count(*) FROM jobs").fetchone()[0])
 
 
-def assert_refused(result: CliResult, expected: list[str], home: Path, tmp_path: Path) -> None:
+def assert_refused(
+    result: CliResult, expected: list[str], home: Path, tmp_path: Path, lines: int = 1
+) -> None:
     assert result.code == 2, result
-    assert result.err.startswith("error: "), result.err
-    assert result.err.endswith("\n") and result.err.count("\n") == 1, result.err
-    assert all(c.isprintable() for c in result.err[:-1]), f"raw control characters: {result.err!r}"
+    assert result.err.endswith("\n"), result.err
+    # One line per problem, each its own "error: " line (a file may hold several problems).
+    assert all(line.startswith("error: ") for line in result.err.splitlines()), result.err
+    assert result.err.count("\n") == lines, result.err
+    assert all(c.isprintable() for c in result.err.replace("\n", "")), (
+        f"raw control characters: {result.err!r}"
+    )
     assert "Traceback" not in result.err + result.out
     assert result.out == "", result.out
     for text in expected:
@@ -87,11 +101,11 @@ def workspace(tmp_path: Path, home: Path) -> Path:
     return tmp_path
 
 
-def place(case: str, workspace: Path) -> tuple[Path, list[str]]:
+def place(case: str, workspace: Path) -> tuple[Path, list[str], int]:
     text = (CASES_DIR / f"{case}.toml").read_text().replace("{tmp}", str(workspace))
     path = workspace / f"{case}.toml"
     path.write_text(text)
-    return path, expectations(text)
+    return path, expectations(text), error_lines(text)
 
 
 def test_the_corpus_is_there() -> None:
@@ -103,16 +117,16 @@ def test_the_corpus_is_there() -> None:
 def test_validate_refuses_bad_config(
     case: str, workspace: Path, home: Path, cli: Callable[..., CliResult]
 ) -> None:
-    path, expected = place(case, workspace)
-    assert_refused(cli("validate", str(path), timeout=60), expected, home, workspace)
+    path, expected, lines = place(case, workspace)
+    assert_refused(cli("validate", str(path), timeout=60), expected, home, workspace, lines)
 
 
 @pytest.mark.parametrize("case", LAUNCHED)
 def test_launch_refuses_bad_config_before_registering_a_job(
     case: str, workspace: Path, home: Path, cli: Callable[..., CliResult]
 ) -> None:
-    path, expected = place(case, workspace)
-    assert_refused(cli("launch", str(path), timeout=60), expected, home, workspace)
+    path, expected, lines = place(case, workspace)
+    assert_refused(cli("launch", str(path), timeout=60), expected, home, workspace, lines)
 
 
 # Cases that cannot be a small file: (how to build it in the workspace, expected substrings).

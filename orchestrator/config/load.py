@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
+from pydantic_core import ErrorDetails
 
 from orchestrator.config.model import ClusterConfig, SshBackend
 from orchestrator.config.rules import check_semantics
@@ -44,7 +45,7 @@ def parse_config(raw: dict[str, Any], source: str = "cluster.toml") -> ClusterCo
     try:
         return ClusterConfig.model_validate(raw)
     except ValidationError as exc:
-        raise ConfigError(f"{source}: {_describe(exc)}") from None
+        raise ConfigError("\n".join(f"{source}: {line}" for line in _describe(exc))) from None
 
 
 def _read_toml(path: Path, source: str) -> dict[str, Any]:
@@ -107,27 +108,31 @@ def _check_raw(value: object, loc: tuple[int | str, ...], source: str) -> None:
             _check_raw(item, (*loc, i), source)
 
 
-def _describe(exc: ValidationError) -> str:
-    """One line for the first problem, naming its key path; a count of the others."""
-    errors = exc.errors()
-    first = errors[0]
-    key = key_path(first["loc"])
-    kind = first["type"]
+def _describe(exc: ValidationError) -> list[str]:
+    """One line per problem, each naming its key path (the first problem of each key)."""
+    lines: dict[str, str] = {}
+    for error in exc.errors():
+        key = key_path(error["loc"])
+        if key not in lines:
+            text = _problem(error)
+            lines[key] = f"{key}: {text}" if key else text
+    return list(lines.values())
+
+
+def _problem(error: ErrorDetails) -> str:
+    kind = error["type"]
     if kind == "extra_forbidden":
-        text = "unknown key" + _UNKNOWN_KEY_HINTS.get(tuple(first["loc"]), "")
-    elif kind == "missing":
-        text = "required key is missing"
-    elif kind in ("greater_than_equal", "greater_than", "less_than_equal", "less_than"):
-        text = f"{_short_bound(first['msg'])} (got {show(first['input'])})"
-    elif kind == "union_tag_invalid":
-        tag = first["input"].get("type")
-        text = f"unknown backend type {show(tag)} (expected 'local', 'ssh' or 'slurm')"
-    elif kind == "union_tag_not_found":
-        text = "missing 'type' (expected 'local', 'ssh' or 'slurm')"
-    else:
-        text = oneline(first["msg"].removeprefix("Value error, "))
-    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-    return f"{key}: {text}{more}" if key else f"{text}{more}"
+        return "unknown key" + _UNKNOWN_KEY_HINTS.get(tuple(error["loc"]), "")
+    if kind == "missing":
+        return "required key is missing"
+    if kind in ("greater_than_equal", "greater_than", "less_than_equal", "less_than"):
+        return f"{_short_bound(error['msg'])} (got {show(error['input'])})"
+    if kind == "union_tag_invalid":
+        tag = error["input"].get("type")
+        return f"unknown backend type {show(tag)} (expected 'local', 'ssh' or 'slurm')"
+    if kind == "union_tag_not_found":
+        return "missing 'type' (expected 'local', 'ssh' or 'slurm')"
+    return oneline(error["msg"].removeprefix("Value error, "))
 
 
 # Keys a user may well expect where they are not: what to write instead.
