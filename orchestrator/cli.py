@@ -91,7 +91,7 @@ def validate(config: ConfigArg) -> None:
 @app.command()
 def check(config: ConfigArg) -> None:
     """Preflight every host and try every task port from every host; starts nothing. Prints a
-    host-by-host grid, the failing pairs and each host's interface; exit 1 if a pair fails."""
+    host-by-host grid, the failing pairs and each host's interface; exit 3 if a pair fails."""
     from orchestrator.cluster_check import run_check
     from orchestrator.config import load_config
     from orchestrator.errors import PreflightError

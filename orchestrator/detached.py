@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from orchestrator.errors import OrchestrateError
+from orchestrator.errors import REFUSED_EVENT, OrchestrateError, PreflightError
 from orchestrator.job_state import fail_job
 from orchestrator.paths import supervisor_log
 from orchestrator.states import JobState
@@ -54,7 +54,10 @@ def start_detached_supervisor(
             break
         time.sleep(0.1)
     if current.state in (JobState.FAILED, JobState.STOPPED):
-        raise OrchestrateError(f"job {job.id} {current.state.value}: {current.last_cause}")
+        message = f"job {job.id} {current.state.value}: {current.last_cause}"
+        if any(e.kind == REFUSED_EVENT for e in store.events(job.id)):
+            raise PreflightError(message)
+        raise OrchestrateError(message)
     return current, supervisor.pid
 
 

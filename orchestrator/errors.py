@@ -24,7 +24,13 @@ class JobNotFoundError(UsageError):
 
 
 class PreflightError(OrchestrateError):
-    """One or more hosts failed their checks; nothing was started."""
+    """One or more hosts failed their checks; nothing was started (a refusal, not a failed
+    job: the hosts, not the training, need attention)."""
+
+    exit_code = 3
+
+
+REFUSED_EVENT = "refused"  # the job event a supervisor records for a PreflightError
 
 
 class HostsUnreachable(PreflightError):
@@ -52,7 +58,8 @@ class JobFailedError(OrchestrateError):
 
 
 def exit_code_for(error: BaseException) -> int:
-    """Map any error to the CLI's exit code: 2 for bad input, 1 for everything else."""
+    """Map any error to the CLI's exit code: 2 for bad input, 3 for a preflight's refusal,
+    1 for everything else (a job that failed, a stop that could not reach a host)."""
     if isinstance(error, OrchestrateError):
         return error.exit_code
     return 1

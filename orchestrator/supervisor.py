@@ -27,7 +27,13 @@ from orchestrator.attempts import BROKEN_GROUP_GRACE, AttemptControl
 from orchestrator.backends import Backend, open_backend
 from orchestrator.collect import collect_job
 from orchestrator.config import ClusterConfig
-from orchestrator.errors import AllocationEnded, HostsUnreachable, OrchestrateError
+from orchestrator.errors import (
+    REFUSED_EVENT,
+    AllocationEnded,
+    HostsUnreachable,
+    OrchestrateError,
+    PreflightError,
+)
 from orchestrator.host_loss import Hosts, HostWaitExpired
 from orchestrator.job_state import JobStateMachine
 from orchestrator.logstream import LineSink
@@ -106,6 +112,8 @@ class Supervisor:
         try:
             return self._loop(adopted, first)
         except OrchestrateError as exc:
+            if isinstance(exc, PreflightError):  # `launch --detach` exits as a refusal too
+                self.store.add_event(self.job.id, REFUSED_EVENT, str(exc))
             self._fail_on_error(str(exc))
             raise
         except Exception as exc:  # a bug of ours: still nothing left running, and a true state

@@ -116,7 +116,7 @@ def test_check_fails_exactly_the_blocked_pair_and_names_it(
     h0, _, h2 = bed.hosts
     with dropped(h2, h0, BASE):  # h0 cannot reach h2's task port; h1 can, and h2 itself
         result = cli("check", str(config))
-    assert result.code == 1, result
+    assert result.code == 3, result
     assert result.out.splitlines()[2:6] == [
         "from \\ to  h0    h1    h2",
         "h0         ok    ok    FAIL",

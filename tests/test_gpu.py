@@ -419,7 +419,7 @@ def test_a_busy_gpu_refuses_the_launch_and_force_takes_it(
     path = gpu_job(tmp_path, extra="[strategy]\ngpu_memory_growth = false\n")
     env = gpu_env(tmp_path, busy=[(1, 4242, 812)])
     refused = cli("launch", str(path), env=env, timeout=60)
-    assert refused.code == 1, refused
+    assert refused.code == 3, refused
     assert refused.err == (
         "error: preflight failed on 1 host(s): local: GPU 1 in use by pid 4242 (812 MiB) "
         "(orchestrate launch --force uses busy GPUs anyway)\n"
@@ -439,12 +439,24 @@ def test_a_busy_gpu_refuses_the_launch_and_force_takes_it(
     assert "forced" in [e["kind"] for e in events]
 
 
+def test_a_refusal_exits_3_in_the_background_too(
+    tmp_path: Path, cli: Callable[..., CliResult]
+) -> None:
+    env = gpu_env(tmp_path, busy=[(1, 4242, 812)])
+    refused = cli("launch", "--detach", str(gpu_job(tmp_path)), env=env, timeout=60)
+    assert refused.code == 3, refused
+    assert "preflight failed on 1 host(s): local: GPU 1 in use by pid 4242" in refused.err
+    assert refused.err.count("\n") == 1
+    [job] = status_json(cli)["jobs"]
+    assert job["state"] == "failed"
+
+
 def test_a_driver_older_than_tensorflows_cuda_is_refused(
     tmp_path: Path, cli: Callable[..., CliResult]
 ) -> None:
     env = gpu_env(tmp_path, cuda="12.2", tf="12.5.1")
     result = cli("launch", str(gpu_job(tmp_path)), env=env, timeout=60)
-    assert result.code == 1, result
+    assert result.code == 3, result
     assert result.err.count("\n") == 1
     assert "local: NVIDIA driver 570.86 supports CUDA 12.2, older than the CUDA 12.5" in result.err
 

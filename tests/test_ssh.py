@@ -238,7 +238,7 @@ def test_unreachable_host_and_wrong_key_fail_preflight_naming_each_host(
     path = fake_toml(bed, tmp_path, ["--mode", "sleep"], hosts=hosts)
     path.write_text(path.read_text().replace("connect_timeout = 5.0", "connect_timeout = 2.0"))
     result = cli("launch", str(path), timeout=120)
-    assert result.code == 1, result
+    assert result.code == 3, result
     assert result.err.count("\n") == 1 and "Traceback" not in result.err
     assert "preflight failed on 2 host(s)" in result.err
     assert "ghost: cannot connect to root@" in result.err
@@ -269,7 +269,7 @@ def test_a_host_with_another_orchestrate_version_fails_preflight_naming_it(
         f'python = "{wrapper}"\n'
     )
     result = cli("launch", str(fake_toml(bed, tmp_path, ["--mode", "sleep"], hosts=hosts)))
-    assert result.code == 1, result
+    assert result.code == 3, result
     assert result.err.count("\n") == 1 and "Traceback" not in result.err
     assert "preflight failed on 1 host(s): h1: its orchestrate worker package is another " \
            f"version (protocol 1, here {HOST_PROTOCOL})" in result.err  # fmt: skip

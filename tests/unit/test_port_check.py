@@ -296,7 +296,7 @@ def test_check_names_a_port_in_use_on_one_line(
         path = tmp_path / "c.toml"
         path.write_text(fake_job(tmp_path, [], workers=2, extra=f"[ports]\nbase = {base}\n"))
         result = cli("check", str(path))
-    assert result.code == 1
+    assert result.code == 3
     assert "local      FAIL" in result.out
     assert f"local -> local:{base + 1} (worker-1): cannot listen there: address already in use" in (
         result.out
