@@ -93,6 +93,8 @@ class AttemptControl:
             number, launched.plan, launched.agents, self._tail(launched.plan),
             gpu_counts=launched.gpu_counts,
         )  # fmt: skip
+        for task in launched.plan.tasks:  # nothing of this attempt is copied yet
+            self.sink.mark_attempt(task.index, number)
         self._live, self._starting = attempt, []
         return attempt
 

@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from orchestrator.console import console_sink, detach_progress
+from orchestrator.console import console_sink, detach_progress, watch_text
 from orchestrator.errors import OrchestrateError, exit_code_for
 from orchestrator.job_records import launch_config, stored_config
 from orchestrator.job_state import failing_job_on_error
@@ -290,24 +289,7 @@ def status(
     if not watch:
         sys.stdout.write(snapshot()[0])
         return
-    if sys.stdout.isatty():
-        from rich.text import Text
-
-        from orchestrator.console import watch as watch_in_place
-
-        def render() -> tuple[Text, bool]:
-            text, done = snapshot()
-            return Text(time.strftime("%H:%M:%S ") + text.rstrip("\n")), done
-
-        watch_in_place(render, sys.stdout, interval)
-        return
-    while True:  # not a terminal: one snapshot after another
-        text, done = snapshot()
-        sys.stdout.write(text + "\n")
-        sys.stdout.flush()
-        if done:
-            return
-        time.sleep(interval)
+    watch_text(snapshot, sys.stdout, interval)
 
 
 @app.command()
@@ -326,13 +308,23 @@ def logs(
     grep: Annotated[
         str | None, typer.Option("--grep", help="Only lines matching this regular expression.")
     ] = None,
+    tail: Annotated[
+        int | None, typer.Option("--tail", "-n", help="Only the last N lines (then --follow).")
+    ] = None,
+    attempt: Annotated[
+        int | None, typer.Option("--attempt", help="Only the lines of attempt K (0: the first).")
+    ] = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="One JSON object per line: time, task, host, text.")
+    ] = False,
 ) -> None:
     """Print a job's task logs (the coordinator's durable copies), prefixed by task, in the
     order they arrived."""
-    from orchestrator.log_query import follow_logs
+    from orchestrator.log_query import LogQuery, follow_logs
 
     store = Store()
-    follow_logs(store, store.get_job(job_ref), task, follow, timestamps, since, grep)
+    query = LogQuery(task, follow, timestamps, since, grep, tail, attempt, as_json)
+    follow_logs(store, store.get_job(job_ref), query)
 
 
 @app.command()

@@ -294,6 +294,27 @@ def watch(render: Callable[[], tuple[RenderableType, bool]], stream: TextIO,
             time.sleep(interval)
 
 
+def watch_text(snapshot: Callable[[], tuple[str, bool]], stream: TextIO, interval: float) -> None:
+    """`status --watch`: on a terminal, the text redrawn in place (with the time); elsewhere,
+    one snapshot after another; until `snapshot()` says it is done (or Ctrl-C)."""
+    if stream.isatty():
+        from rich.text import Text
+
+        def render() -> tuple[Text, bool]:
+            text, done = snapshot()
+            return Text(time.strftime("%H:%M:%S ") + text.rstrip("\n")), done
+
+        watch(render, stream, interval)
+        return
+    while True:
+        text, done = snapshot()
+        stream.write(text + "\n")
+        stream.flush()
+        if done:
+            return
+        time.sleep(interval)
+
+
 class JobPanel:
     """`launch --detach` on a terminal: the job's panel while it waits for the job to run."""
 

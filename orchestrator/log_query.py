@@ -5,6 +5,7 @@ the supervisor wrote)."""
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 import time
@@ -13,7 +14,7 @@ from datetime import datetime
 from pathlib import Path
 
 from orchestrator.errors import UsageError
-from orchestrator.logstream import times_path
+from orchestrator.logstream import attempts_path, times_path
 from orchestrator.paths import log_copies_dir
 from orchestrator.store import JobRecord, Store
 from orchestrator.terminal_text import safe
@@ -22,11 +23,11 @@ _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
 def parse_since(text: str, now: float) -> float:
-    """`--since`: an age (`90s`, `5m`, `2h`, `1d`) or a local time (`2026-12-03T11:40`,
-    `11:40`), as a UNIX time."""
-    match = re.fullmatch(r"(\d+(?:\.\d+)?)([smhd])", text.strip())
-    if match:
-        return now - float(match.group(1)) * _UNITS[match.group(2)]
+    """`--since`: an age (`90s`, `5m`, `2h`, `1d`, or kubectl's `1h30m`) or a local time
+    (`2026-12-03T11:40`, `11:40`), as a UNIX time."""
+    if re.fullmatch(r"(\d+(?:\.\d+)?[smhd])+", text.strip()):
+        parts = re.findall(r"(\d+(?:\.\d+)?)([smhd])", text)
+        return now - sum(float(n) * _UNITS[unit] for n, unit in parts)
     try:
         if re.fullmatch(r"\d{1,2}:\d\d(:\d\d)?", text.strip()):
             today = datetime.fromtimestamp(now).date().isoformat()
@@ -34,7 +35,7 @@ def parse_since(text: str, now: float) -> float:
         return datetime.fromisoformat(text.strip()).timestamp()
     except ValueError:
         raise UsageError(
-            f"--since {text!r}: give an age like 90s, 5m, 2h, 1d or a time like 11:40 "
+            f"--since {text!r}: give an age like 90s, 5m, 1h30m, 1d or a time like 11:40 "
             "or 2026-12-03T11:40"
         ) from None
 
@@ -130,10 +131,11 @@ class LogLine:
 class TimedLog:
     """Follows one durable copy and its times by offset."""
 
-    def __init__(self, log: Path) -> None:
+    def __init__(self, log: Path, span: tuple[int, int | None] = (0, None)) -> None:
         self.log = log
         self.times = times_path(log)
-        self.offset = 0  # end of the whole lines already returned
+        self.offset, self.end = span  # the bytes [offset, end) only (one attempt's)
+        self._skip_rest = self.offset > 0  # the span may start inside a cut line: not ours
         self._times_read = 0
         self._marks: list[tuple[int, float]] = []  # (end offset, time), ascending
 
@@ -162,6 +164,16 @@ class TimedLog:
                 data = fh.read()
         except FileNotFoundError:
             return []
+        if self.end is not None:
+            data = data[: max(self.end - self.offset, 0)]
+            final = final or len(data) == self.end - self.offset  # the span is all there
+        if self._skip_rest and data:
+            if not self._begins_a_line():
+                cut = data.find(b"\n")
+                if cut < 0:
+                    return []
+                self.offset, data = self.offset + cut + 1, data[cut + 1 :]
+            self._skip_rest = False
         if timed and not final:
             limit = (self._marks[-1][0] if self._marks else self.offset) - self.offset
             data = data[: max(limit, 0)]
@@ -179,6 +191,11 @@ class TimedLog:
         self.offset += len(data)
         return lines
 
+    def _begins_a_line(self) -> bool:
+        with open(self.log, "rb") as fh:
+            fh.seek(self.offset - 1)
+            return fh.read(1) == b"\n"
+
     def _time_at(self, start: int) -> float | None:
         while self._marks and self._marks[0][0] <= start:
             self._marks.pop(0)
@@ -195,39 +212,80 @@ def select(lines: list[LogLine], since: float | None, pattern: Grep | None) -> l
     return [ln for i, ln in enumerate(recent) if i in hits]
 
 
-def follow_logs(
-    store: Store,
-    job: JobRecord,
-    task: str | None,
-    follow: bool,
-    timestamps: bool,
-    since: str | None,
-    grep: str | None,
-) -> None:
+def attempt_span(log: Path, number: int) -> tuple[int, int | None]:
+    """The bytes of a task's copy that attempt `number` wrote: from its mark to the next
+    attempt's (the supervisor marks each attempt's start in `worker-N.attempts`)."""
+    try:
+        marks = [tuple(map(int, ln.split())) for ln in attempts_path(log).read_text().split("\n")
+                 if ln.strip()]  # fmt: skip
+    except FileNotFoundError:
+        marks = []
+    starts = [offset for n, offset in marks if n == number]
+    if not starts:
+        known = sorted({n for n, _ in marks})
+        have = f"its attempts: {', '.join(map(str, known))}" if known else "no attempt is marked"
+        raise UsageError(f"--attempt {number}: {log.stem} has no such attempt ({have})")
+    later = [offset for n, offset in marks if n > number]
+    return starts[0], (min(later) if later else None)
+
+
+@dataclass(frozen=True)
+class LogQuery:
+    """What `orchestrate logs` was asked for."""
+
+    task: str | None = None  # "0,2" or "1-3"
+    follow: bool = False
+    timestamps: bool = False
+    since: str | None = None
+    grep: str | None = None
+    tail: int | None = None  # the last N lines (of all chosen tasks), then follow on
+    attempt: int | None = None
+    as_json: bool = False  # one JSON object per line: time, task, host, text
+
+
+def follow_logs(store: Store, job: JobRecord, query: LogQuery) -> None:
     """`orchestrate logs`: the chosen tasks' durable copies, prefixed by task, in the order the
     lines arrived; with `follow`, on until the job ends."""
+    if query.tail is not None and query.tail < 0:
+        raise UsageError(f"--tail {query.tail}: give a number of lines, 0 or more")
     tasks = store.tasks(job.id)
-    indexes = parse_tasks(task, len(tasks)) if task is not None else [t.idx for t in tasks]
-    pattern = parse_grep(grep)
-    after = parse_since(since, time.time()) if since is not None else None
-    chosen = [t for t in tasks if t.idx in indexes]
+    chosen_ids = parse_tasks(query.task, len(tasks)) if query.task is not None else None
+    pattern = parse_grep(query.grep)
+    after = parse_since(query.since, time.time()) if query.since is not None else None
+    chosen = [t for t in tasks if chosen_ids is None or t.idx in chosen_ids]
     log_dir = log_copies_dir(job.id)
-    readers = {t.idx: TimedLog(log_dir / f"worker-{t.idx}.log") for t in chosen}
+    readers = {}
+    for t in chosen:
+        log = log_dir / f"worker-{t.idx}.log"
+        span = attempt_span(log, query.attempt) if query.attempt is not None else (0, None)
+        readers[t.idx] = TimedLog(log, span)
     shown = safe if sys.stdout.isatty() else str  # a terminal: escape what drives it
+    first = True
     while True:
-        last = not follow or store.get_job(job.id).state.is_terminal()
+        last = not query.follow or store.get_job(job.id).state.is_terminal()
         batch = []
         for t in chosen:
-            prefix = "" if len(chosen) == 1 and task is not None else f"[worker-{t.idx} {t.host}] "
+            alone = len(chosen) == 1 and query.task is not None
+            prefix = "" if alone else f"[worker-{t.idx} {t.host}] "
             for line in select(readers[t.idx].read(final=last), after, pattern):
-                batch.append((line.ts or 0.0, t.idx, prefix, line))
+                batch.append((line.ts or 0.0, t.idx, prefix, t.host, line))
         batch.sort(key=lambda item: (item[0], item[1]))  # by arrival; each task's order kept
-        sys.stdout.write(
-            "".join(
-                (stamp(line.ts) + " " if timestamps else "") + prefix + shown(line.text) + "\n"
-                for _, _, prefix, line in batch
-            )
-        )
+        if first and query.tail is not None:
+            batch = batch[len(batch) - query.tail :] if query.tail else []
+        first = False
+        if query.as_json:
+            out = "".join(
+                json.dumps({"time": stamp(line.ts) if line.ts is not None else None,
+                            "task": idx, "host": host, "text": line.text}) + "\n"
+                for _, idx, _, host, line in batch
+            )  # fmt: skip
+        else:
+            out = "".join(
+                (stamp(line.ts) + " " if query.timestamps else "") + prefix + shown(line.text)
+                + "\n"
+                for _, _, prefix, _, line in batch
+            )  # fmt: skip
+        sys.stdout.write(out)
         sys.stdout.flush()
         if last:
             break

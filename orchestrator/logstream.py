@@ -143,6 +143,15 @@ class LineSink:
             times.flush()
             self.show(index, host, [ln for ln in shown(lines) if self.verbose or not is_noise(ln)])
 
+    def mark_attempt(self, index: int, number: int) -> None:
+        """Attempt `number` of this task starts where its copy ends now (`logs --attempt`)."""
+        with self._lock:
+            if index in self._files:
+                self._files[index][0].flush()
+            log = self.copy_dir / f"worker-{index}.log"
+            with open(attempts_path(log), "a") as marks:
+                marks.write(f"{number} {_size(log)}\n")
+
     def show(self, index: int, host: str, lines: list[bytes]) -> None:
         """Print a task's lines on the console (called with the lock held)."""
         if self.console is None or not lines:
@@ -180,6 +189,10 @@ def _size(path: Path) -> int:
         return path.stat().st_size
     except FileNotFoundError:
         return 0
+
+
+def attempts_path(log: Path) -> Path:
+    return log.with_suffix(".attempts")
 
 
 def times_path(log: Path) -> Path:

@@ -101,7 +101,11 @@ def test_since_and_task_lists_parse_or_fail_in_one_line() -> None:
     assert parse_since("90s", now) == now - 90
     assert parse_since("5m", now) == now - 300
     assert parse_since("2h", now) == now - 7200
+    assert parse_since("1h30m", now) == now - 5400  # kubectl's form
+    assert parse_since("1d2h3m4s", now) == now - 93784
     assert parse_since("2026-12-03T11:40:00", now) > 0
+    with pytest.raises(UsageError, match="--since '1h30'"):
+        parse_since("1h30", now)
     with pytest.raises(UsageError, match="--since 'yesterday'"):
         parse_since("yesterday", now)
     assert parse_tasks("0,2", 4) == [0, 2]
@@ -170,6 +174,37 @@ def test_logs_timestamps_since_grep_and_task_lists(
     bad = cli("logs", job, "--task", "7")
     assert bad.code != 0 and bad.err.strip() == "error: --task '7': no task 7 (tasks: 0..2)"
     assert "Traceback" not in bad.err
+
+
+def test_logs_by_attempt_the_last_lines_and_json_lines(
+    tmp_path: Path, cli: Callable[..., CliResult]
+) -> None:
+    path = tmp_path / "c.toml"
+    restart = "[restart]\nmax_restarts = 2\nbackoff = 0.1\n"
+    path.write_text(fake_job(tmp_path, ["--mode", "fail-first:3"], workers=2, extra=restart))
+    assert cli("launch", str(path), timeout=90).code == 0
+    job = status_json(cli)["jobs"][0]["id"]
+    whole = cli("logs", job).out.splitlines()
+    # Each attempt's lines, and only those: the agent's note says which attempt wrote it.
+    for number, other in ((0, 1), (1, 0)):
+        shown = cli("logs", job, "--attempt", str(number))
+        assert shown.code == 0, shown
+        assert {f"[worker-{i} local] [orchestrate] attempt {number}: worker-{i} on local starting"
+                for i in (0, 1)} <= set(shown.out.splitlines()), shown.out  # fmt: skip
+        assert f"attempt {other}:" not in shown.out
+        assert set(shown.out.splitlines()) < set(whole)
+    attempts = [cli("logs", job, "--attempt", n, "--task", "1").out for n in ("0", "1")]
+    assert "".join(attempts) == cli("logs", job, "--task", "1").out  # nothing lost between
+    missing = cli("logs", job, "--attempt", "5")
+    assert missing.code == 2 and missing.err == (
+        "error: --attempt 5: worker-0 has no such attempt (its attempts: 0, 1)\n"
+    ), missing
+    assert cli("logs", job, "--tail", "3").out.splitlines() == whole[-3:]
+    assert cli("logs", job, "--tail", "0").out == ""
+    assert cli("logs", job, "--since", "1h30m").out.splitlines() == whole
+    records = [json.loads(ln) for ln in cli("logs", job, "--json").out.splitlines()]
+    assert [f"[worker-{r['task']} {r['host']}] {r['text']}" for r in records] == whole
+    assert all(re.fullmatch(r"\d{4}-\d\d-\d\dT[\d:.]{12}Z", r["time"]) for r in records)
 
 
 def test_output_off_a_terminal_is_the_plain_prefixed_lines(
