@@ -60,18 +60,15 @@ def _everywhere(version: VersionOpt = False) -> None:
 @app.command()
 def validate(config: ConfigArg, as_json: JsonOpt = False) -> None:
     """Check a cluster.toml without starting anything; every problem, one line each."""
-    from orchestrator.config import load_config
-    from orchestrator.json_views import dumps, validated
-    from orchestrator.plan import dry_run_plan
-    from orchestrator.views import plan_size
+    from orchestrator import api
+    from orchestrator.json_views import dumps
 
     with errors_as_json(as_json):
-        cfg = load_config(config)
-        plan = dry_run_plan(cfg)
+        found = api.validate(config)
     if as_json:
-        echo(dumps(validated(str(config), cfg, plan)))
+        echo(dumps(found))
         return
-    echo(f"{config}: ok: job {cfg.job.name!r}, {cfg.backend.type} backend, {plan_size(cfg, plan)}")
+    echo(f"{config}: ok: job {found['job']!r}, {found['backend']} backend, {found['summary']}")
 
 
 @app.command()
@@ -114,40 +111,34 @@ def launch(
 
     if as_json and not (dry_run or detach):
         raise UsageError("--json goes with --dry-run or --detach (status --json follows a job)")
-    with errors_as_json(as_json):
-        cfg = load_config(config)
     if dry_run:
         from orchestrator.views import render_dry_run
 
+        with errors_as_json(as_json):
+            cfg = load_config(config)
         if as_json:
             echo(dumps(dry_run_plan_doc(cfg)))
         else:
             render_dry_run(cfg)
         return
-    from orchestrator.backends import check_before_register
-    from orchestrator.job_records import register_job
+    from orchestrator import api
 
-    with errors_as_json(as_json):
-        check_before_register(cfg, str(config))  # the backend's own verdict: none registered
-        store = Store()
-        job = register_job(store, cfg, str(config), force=force)
-        if detach:
-            current, pid = _start_detached(store, job, plain or as_json)
     if detach:
+        with errors_as_json(as_json), detach_progress(Store(), plain or as_json) as panel:
+            job, pid = api.launch_detached(config, force, panel.update if panel else _ignore)
+        state = job.state
         if as_json:
-            echo(dumps(job_state(job.id, current.state.value, supervisor_pid=pid)))
+            echo(dumps(job_state(job.id, state, supervisor_pid=pid)))
             return
-        echo(f"job {job.id} {current.state.value} (supervisor pid {pid})")
+        echo(f"job {job.id} {state} (supervisor pid {pid})")
         echo(f"  orchestrate status {job.id}   orchestrate logs {job.id} --follow")
         return
-    _supervise(store, job, lambda: cfg, verbose, plain=plain)
+    store, record, cfg = api.register(config, force)
+    _supervise(store, record, lambda: cfg, verbose, plain=plain)
 
 
-def _start_detached(store: Store, job: JobRecord, plain: bool) -> tuple[JobRecord, int]:
-    from orchestrator.detached import start_detached_supervisor
-
-    with detach_progress(store, plain) as panel:
-        return start_detached_supervisor(store, job, panel.update if panel else lambda _: None)
+def _ignore(job: JobRecord) -> None:
+    """No panel to tell of the job's progress (--plain, --json, or not a terminal)."""
 
 
 def _supervise(
@@ -188,24 +179,20 @@ def resume(
 ) -> None:
     """Continue a failed or stopped job: same id, next attempt, same checkpoints, a fresh
     restart budget."""
-    from orchestrator.job_state import reopen_for_resume
+    from orchestrator import api
     from orchestrator.json_views import dumps, job_state
 
     if as_json and not detach:
         raise UsageError("--json goes with --detach (status --json follows a job)")
-    with errors_as_json(as_json):
-        store = Store()
-        job = store.get_job(job_ref)
-        cfg = launch_config(job)  # refuses a cluster.toml changed since the launch
-        job = reopen_for_resume(store, job)
-        if detach:
-            current, pid = _start_detached(store, job, plain or as_json)
-    if detach:
-        state = current.state.value
-        echo(dumps(job_state(job.id, state, attempt=current.attempt, supervisor_pid=pid))
-             if as_json else f"job {job.id} {state} (supervisor pid {pid})")  # fmt: skip
+    if not detach:
+        store, job, cfg = api.reopen(job_ref)  # refuses a cluster.toml changed since the launch
+        _supervise(store, job, lambda: cfg, verbose, plain=plain)
         return
-    _supervise(store, job, lambda: cfg, verbose, plain=plain)
+    with errors_as_json(as_json), detach_progress(Store(), plain or as_json) as panel:
+        job, pid = api.resume(job_ref, panel.update if panel else _ignore)
+    state = job.state.value
+    echo(dumps(job_state(job.id, state, attempt=job.attempt, supervisor_pid=pid))
+         if as_json else f"job {job.id} {state} (supervisor pid {pid})")  # fmt: skip
 
 
 @app.command(hidden=True)
@@ -238,19 +225,16 @@ def attach(
 @app.command()
 def stop(job_ref: JobArg, as_json: JsonOpt = False) -> None:
     """Stop a job: every task on every host (SIGTERM, grace, SIGKILL)."""
-    from orchestrator.job_records import needs_stop
+    from orchestrator import api
     from orchestrator.json_views import dumps, job_state
-    from orchestrator.stopping import stop_job
 
     with errors_as_json(as_json):
-        store = Store()
-        job = store.get_job(job_ref)
-        already = not needs_stop(store, job)
-        state = job.state.value if already else stop_job(store, job).value
+        job_id = Store().get_job(job_ref).id
+        state, already = api.stop(job_id)
     if as_json:
-        echo(dumps(job_state(job.id, state, already=already)))
+        echo(dumps(job_state(job_id, state, already=already)))
         return
-    echo(f"job {job.id} already {state}" if already else f"job {job.id} {state}")
+    echo(f"job {job_id} already {state}" if already else f"job {job_id} {state}")
 
 
 # The commands that look at jobs register after these (the order `--help` lists them in).

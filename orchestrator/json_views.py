@@ -23,10 +23,12 @@ def problems(message: str) -> dict[str, Any]:
 
 def validated(path: str, cfg: ClusterConfig, plan: LaunchPlan) -> dict[str, Any]:
     from orchestrator.plan import per_gpu_hosts
+    from orchestrator.views import plan_size
 
     per_gpu = set(per_gpu_hosts(cfg))
     return {
         "ok": True,
+        "summary": plan_size(cfg, plan),
         "config": path,
         "job": cfg.job.name,
         "backend": cfg.backend.type,

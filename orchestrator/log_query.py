@@ -9,6 +9,7 @@ import json
 import re
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -243,9 +244,23 @@ class LogQuery:
     as_json: bool = False  # one JSON object per line: time, task, host, text
 
 
-def follow_logs(store: Store, job: JobRecord, query: LogQuery) -> None:
-    """`orchestrate logs`: the chosen tasks' durable copies, prefixed by task, in the order the
-    lines arrived; with `follow`, on until the job ends."""
+@dataclass(frozen=True)
+class LogRecord:
+    """One line of a task's log, as `logs --json` prints it and `Job.logs()` returns it."""
+
+    time: float | None  # when the coordinator received it (None: a copy without times)
+    task: int
+    host: str
+    text: str
+
+    def as_json(self) -> str:
+        when = stamp(self.time) if self.time is not None else None
+        return json.dumps({"time": when, "task": self.task, "host": self.host, "text": self.text})
+
+
+def log_batches(store: Store, job: JobRecord, query: LogQuery) -> Iterator[list[LogRecord]]:
+    """The chosen tasks' lines in the order they arrived, a batch at a time: one batch, or with
+    `follow` one every 0.3 s until the job ends."""
     if query.tail is not None and query.tail < 0:
         raise UsageError(f"--tail {query.tail}: give a number of lines, 0 or more")
     tasks = store.tasks(job.id)
@@ -259,34 +274,39 @@ def follow_logs(store: Store, job: JobRecord, query: LogQuery) -> None:
         log = log_dir / f"worker-{t.idx}.log"
         span = attempt_span(log, query.attempt) if query.attempt is not None else (0, None)
         readers[t.idx] = TimedLog(log, span)
-    shown = safe if sys.stdout.isatty() else str  # a terminal: escape what drives it
     first = True
     while True:
         last = not query.follow or store.get_job(job.id).state.is_terminal()
-        batch = []
-        for t in chosen:
-            alone = len(chosen) == 1 and query.task is not None
-            prefix = "" if alone else f"[worker-{t.idx} {t.host}] "
-            for line in select(readers[t.idx].read(final=last), after, pattern):
-                batch.append((line.ts or 0.0, t.idx, prefix, t.host, line))
-        batch.sort(key=lambda item: (item[0], item[1]))  # by arrival; each task's order kept
+        batch = [
+            LogRecord(line.ts, t.idx, t.host, line.text)
+            for t in chosen
+            for line in select(readers[t.idx].read(final=last), after, pattern)
+        ]
+        batch.sort(key=lambda r: (r.time or 0.0, r.task))  # by arrival; each task's order kept
         if first and query.tail is not None:
             batch = batch[len(batch) - query.tail :] if query.tail else []
         first = False
+        yield batch
+        if last:
+            return
+        time.sleep(0.3)
+
+
+def follow_logs(store: Store, job: JobRecord, query: LogQuery) -> None:
+    """`orchestrate logs`: the chosen tasks' durable copies, prefixed by task, in the order the
+    lines arrived; with `follow`, on until the job ends."""
+    shown = safe if sys.stdout.isatty() else str  # a terminal: escape what drives it
+    alone = query.task is not None and len(parse_tasks(query.task, len(store.tasks(job.id)))) == 1
+    for batch in log_batches(store, job, query):
         if query.as_json:
-            out = "".join(
-                json.dumps({"time": stamp(line.ts) if line.ts is not None else None,
-                            "task": idx, "host": host, "text": line.text}) + "\n"
-                for _, idx, _, host, line in batch
-            )  # fmt: skip
+            out = "".join(record.as_json() + "\n" for record in batch)
         else:
             out = "".join(
-                (stamp(line.ts) + " " if query.timestamps else "") + prefix + shown(line.text)
+                (stamp(r.time) + " " if query.timestamps else "")
+                + ("" if alone else f"[worker-{r.task} {r.host}] ")
+                + shown(r.text)
                 + "\n"
-                for _, _, prefix, _, line in batch
-            )  # fmt: skip
+                for r in batch
+            )
         sys.stdout.write(out)
         sys.stdout.flush()
-        if last:
-            break
-        time.sleep(0.3)

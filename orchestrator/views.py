@@ -256,16 +256,24 @@ def render_status(views: list[dict[str, Any]], detailed: bool) -> None:
             _write(f"  {note}")
 
 
-def status_text(store: Store, jobs: list[JobRecord], as_json: bool, one_job: bool) -> str:
-    """What `orchestrate status` prints for these jobs (one job: with its latest events)."""
+def status_documents(
+    store: Store, jobs: list[JobRecord], with_events: bool = False
+) -> list[dict[str, Any]]:
+    """Each job as `status --json` shows it (with_events: the events of the first, too)."""
     tasks = store.tasks_for([j.id for j in jobs])
     now = time.time()
     views = [job_view(j, tasks[j.id], now) for j in jobs]
-    if one_job:
+    if with_events:
         views[0]["events"] = [
             {"ts": e.ts, "kind": e.kind, "task": e.task, "message": e.message}
             for e in store.events(jobs[0].id)
         ]
+    return views
+
+
+def status_text(store: Store, jobs: list[JobRecord], as_json: bool, one_job: bool) -> str:
+    """What `orchestrate status` prints for these jobs (one job: with its latest events)."""
+    views = status_documents(store, jobs, with_events=one_job)
     if as_json:
         return json.dumps({"jobs": views}, indent=2) + "\n"
     out = io.StringIO()

@@ -24,7 +24,8 @@ def test_validate_json_says_ok_with_the_plan_or_lists_every_problem(
     good = cli("validate", "--json", str(_config(tmp_path)))
     assert good.code == 0, good
     assert json.loads(good.out) == {
-        "ok": True, "config": str(tmp_path / "c.toml"), "job": "fake", "backend": "local",
+        "ok": True, "summary": "2 task(s) on 1 host(s)", "config": str(tmp_path / "c.toml"),
+        "job": "fake", "backend": "local",
         "tasks": 2, "hosts": 1, "tasks_counted_at_launch": False,
     }  # fmt: skip
     bad = tmp_path / "bad.toml"

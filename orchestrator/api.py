@@ -1,0 +1,173 @@
+"""orchestrate from Python: a notebook, a sweep script or a pipeline step drives jobs as the
+command line does, without shelling out. The commands call these functions, so the two cannot
+drift; the errors are the command line's (`orchestrator.errors`: ConfigError, JobNotFoundError,
+PreflightError, ...), and ORCHESTRATE_HOME chooses the state directory for both.
+
+    from orchestrator.api import launch
+    job = launch("cluster.toml")          # returns once its tasks run
+    print(job.id, job.wait(timeout=600))  # "succeeded", "failed" or "stopped"
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from orchestrator.log_query import LogQuery, LogRecord, log_batches
+from orchestrator.store import JobRecord, Store
+from orchestrator.views import status_documents
+
+if TYPE_CHECKING:
+    from orchestrator.config import ClusterConfig
+
+__all__ = ["Job", "LogRecord", "jobs", "launch", "validate"]
+
+
+@dataclass(frozen=True)
+class Job:
+    """A job in the state store, by its id. Each call reads the store afresh."""
+
+    id: str
+
+    def status(self) -> dict[str, Any]:
+        """The job as `orchestrate status JOB --json` shows it, its events included."""
+        store = Store()
+        return status_documents(store, [store.get_job(self.id)], with_events=True)[0]
+
+    @property
+    def state(self) -> str:
+        return Store().get_job(self.id).state.value
+
+    def wait(self, timeout: float | None = None, interval: float = 0.5) -> str:
+        """Wait for the job to end; its final state (`succeeded`, `failed` or `stopped`).
+        TimeoutError past `timeout` seconds: the job goes on."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        store = Store()
+        while True:
+            job = store.get_job(self.id)
+            if job.state.is_terminal():
+                return job.state.value
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"job {self.id} is still {job.state.value} after {timeout:g}s")
+            time.sleep(interval)
+
+    def logs(
+        self,
+        task: str | None = None,
+        attempt: int | None = None,
+        since: str | None = None,
+        grep: str | None = None,
+        tail: int | None = None,
+    ) -> list[LogRecord]:
+        """The lines the tasks printed so far, in the order they arrived (as `orchestrate
+        logs`, with the same choices)."""
+        store = Store()
+        query = LogQuery(task=task, since=since, grep=grep, tail=tail, attempt=attempt)
+        return [r for batch in log_batches(store, store.get_job(self.id), query) for r in batch]
+
+    def stop(self) -> str:
+        """Stop every task on every host; the job's state after (`stopped`). A host that cannot
+        be reached raises OrchestrateError naming it (the CLI exits 1): stop again later."""
+        return stop(self.id)[0]
+
+    def resume(self) -> Job:
+        """Continue a failed or stopped job: same id, next attempt, a fresh restart budget;
+        returns once its tasks run."""
+        resume(self.id)
+        return self
+
+
+def validate(config_path: str | Path) -> dict[str, Any]:
+    """The checks of `orchestrate validate`: the document `validate --json` prints. Raises
+    ConfigError listing every problem, one per line."""
+    from orchestrator.config import load_config
+    from orchestrator.json_views import validated
+    from orchestrator.plan import dry_run_plan
+
+    cfg = load_config(config_path)
+    return validated(str(config_path), cfg, dry_run_plan(cfg))
+
+
+def launch(config_path: str | Path, detach: bool = True, force: bool = False) -> Job:
+    """Validate, preflight every host and start the job under a background supervisor;
+    returns once its tasks run (detach), or once it ended (detach=False: then see
+    `job.state`). Nothing is started when it raises."""
+    job, _ = launch_detached(config_path, force)
+    if not detach:
+        job.wait()
+    return job
+
+
+def jobs(limit: int = 10) -> list[Job]:
+    """The most recent jobs, newest first."""
+    return [Job(record.id) for record in Store().list_jobs(limit)]
+
+
+# --- what the command line shares with the functions above ------------------------------
+
+
+def register(
+    config_path: str | Path, force: bool = False
+) -> tuple[Store, JobRecord, ClusterConfig]:
+    """Validate and record a job (pending); the backend's own verdict first (Slurm:
+    `sbatch --test-only`). Nothing is started."""
+    from orchestrator.backends import check_before_register
+    from orchestrator.config import load_config
+    from orchestrator.job_records import register_job
+
+    cfg = load_config(config_path)
+    check_before_register(cfg, str(config_path))
+    store = Store()
+    return store, register_job(store, cfg, str(config_path), force=force), cfg
+
+
+def launch_detached(
+    config_path: str | Path,
+    force: bool = False,
+    on_update: Callable[[JobRecord], None] = lambda job: None,
+) -> tuple[Job, int]:
+    """Register the job and start its background supervisor; the job and the supervisor's pid
+    once the tasks run."""
+    from orchestrator.detached import start_detached_supervisor
+
+    store, record, _ = register(config_path, force)
+    _, pid = start_detached_supervisor(store, record, on_update)
+    return Job(record.id), pid
+
+
+def reopen(job_ref: str) -> tuple[Store, JobRecord, ClusterConfig]:
+    """A failed or stopped job made pending again for its next attempt, with the configuration
+    it runs with (refused if its cluster.toml changed since the launch)."""
+    from orchestrator.job_records import launch_config
+    from orchestrator.job_state import reopen_for_resume
+
+    store = Store()
+    job = store.get_job(job_ref)
+    cfg = launch_config(job)
+    return store, reopen_for_resume(store, job), cfg
+
+
+def resume(
+    job_ref: str, on_update: Callable[[JobRecord], None] = lambda job: None
+) -> tuple[JobRecord, int]:
+    """Reopen the job and start its background supervisor; the job and the supervisor's pid
+    once its tasks run."""
+    from orchestrator.detached import start_detached_supervisor
+
+    store, record, _ = reopen(job_ref)
+    return start_detached_supervisor(store, record, on_update)
+
+
+def stop(job_ref: str) -> tuple[str, bool]:
+    """Stop the job's tasks; (its state after, whether it had ended already)."""
+    from orchestrator.job_records import needs_stop
+    from orchestrator.stopping import stop_job
+
+    store = Store()
+    job = store.get_job(job_ref)
+    if not needs_stop(store, job):
+        return job.state.value, True
+    return stop_job(store, job).value, False

@@ -1,0 +1,104 @@
+"""orchestrator.api from a plain Python process, as a notebook or a sweep script uses it:
+three jobs one after another, their results compared with what the CLI says of them; stop and
+resume; the CLI's errors; ORCHESTRATE_HOME honoured."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from tests.conftest import CliResult, fake_job, status_json
+
+SWEEP = """
+import json, sys
+from pathlib import Path
+from orchestrator.api import Job, jobs, launch, validate
+from orchestrator.errors import ConfigError, JobNotFoundError, OrchestrateError
+
+root = Path(sys.argv[1])
+out = {"runs": []}
+for n, mode in enumerate(["count:3", "fail:3", "count:5"]):
+    path = root / f"sweep-{n}.toml"
+    path.write_text((root / "base.toml").read_text().replace("MODE", mode))
+    assert validate(path)["tasks"] == 2
+    job = launch(path)  # back once its tasks run
+    state = job.wait(timeout=120)
+    status = job.status()
+    out["runs"].append({"id": job.id, "state": state, "status": status,
+                        "logs": [r.text for r in job.logs()],
+                        "numbered": [r.text for r in job.logs(task="1", grep="^line ")]})
+out["listed"] = [j.id for j in jobs()]
+
+slow = root / "slow.toml"
+slow.write_text((root / "base.toml").read_text().replace("MODE", "sleep"))
+job = launch(slow)
+out["running"] = job.state
+out["stopped"] = job.stop()
+out["resumed"] = job.resume().state
+out["attempt"] = job.status()["attempt"]
+out["stopped_again"] = job.stop()
+out["final"] = job.wait(timeout=60)
+
+bad = root / "bad.toml"
+bad.write_text((root / "base.toml").read_text().replace("workers = 2", "workers = 0\\nbogus = 1"))
+try:
+    launch(bad)
+except ConfigError as exc:
+    out["config_error"] = str(exc)
+try:
+    Job("no-such-job").status()
+except JobNotFoundError as exc:
+    out["not_found"] = str(exc)
+try:
+    Job("x").wait(timeout=0.01)
+except OrchestrateError as exc:
+    out["wait_unknown"] = type(exc).__name__
+print(json.dumps(out))
+"""
+
+
+def test_a_sweep_of_three_jobs_driven_from_python_agrees_with_the_cli(
+    tmp_path: Path, home: Path, cli: Callable[..., CliResult], reap_pids: list[int]
+) -> None:
+    (tmp_path / "base.toml").write_text(fake_job(tmp_path, ["--mode", "MODE"], workers=2))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.run(
+        [sys.executable, "-c", SWEEP, str(tmp_path)],
+        capture_output=True, text=True, timeout=600, env={**env, "ORCHESTRATE_HOME": str(home)},
+        cwd=tmp_path,  # a plain process elsewhere: the installed package, not the checkout
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout)
+    runs = out["runs"]
+    assert [r["state"] for r in runs] == ["succeeded", "failed", "succeeded"]
+    # The same job as the CLI sees it, in the same state directory.
+    for run in runs:
+        cli_view = status_json(cli, run["id"])["jobs"][0]
+        assert run["status"]["id"] == cli_view["id"] and run["status"]["state"] == run["state"]
+        assert set(run["status"]) == set(cli_view)
+        moving = {"heartbeat_age"}  # read at another moment
+        assert [
+            {k: v for k, v in t.items() if k not in moving} for t in run["status"]["tasks"]
+        ] == [{k: v for k, v in t.items() if k not in moving} for t in cli_view["tasks"]]
+        cli_lines = [json.loads(ln)["text"] for ln in cli("logs", run["id"], "--json").out.split("\n") if ln]  # fmt: skip
+        assert run["logs"] == cli_lines
+    assert runs[0]["numbered"] == [f"line {n:05d} " + "x" * n for n in range(3)]
+    assert runs[2]["numbered"] == [f"line {n:05d} " + "x" * n for n in range(5)]
+    assert runs[1]["status"]["last_cause"].startswith("worker-")
+    assert out["listed"][:3] == [r["id"] for r in reversed(runs)]  # newest first
+    assert (out["running"], out["stopped"], out["resumed"]) == ("running", "stopped", "running")
+    assert out["attempt"] == 1 and out["stopped_again"] == "stopped" and out["final"] == "stopped"
+    bad = tmp_path / "bad.toml"
+    refused = cli("validate", str(bad))
+    assert out["config_error"].splitlines() == [
+        ln.removeprefix("error: ") for ln in refused.err.splitlines()
+    ]
+    assert len(out["config_error"].splitlines()) == 2
+    assert "no-such-job" in out["not_found"]
+    assert out["wait_unknown"] == "JobNotFoundError"
+    for job in status_json(cli)["jobs"]:
+        reap_pids.append(job["supervisor"]["pid"] or 0)
