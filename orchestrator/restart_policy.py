@@ -14,6 +14,7 @@ class RestartPlan:
     counts: bool  # whether it counts against max_restarts (a preemption does not)
     delay: float
     reason: str
+    preempted: bool = False  # the group restarts because a task was preempted
 
 
 def plan_restart(
@@ -27,7 +28,7 @@ def plan_restart(
         decision.kind == FailureKind.EXITED and decision.exit_code == policy.preemption_exit_code
     )
     if preempted:
-        return RestartPlan(True, False, 0.0, "preempted: restart not counted")
+        return RestartPlan(True, False, 0.0, "preempted: restart not counted", preempted=True)
     if decision.kind == FailureKind.REGROW:
         return RestartPlan(True, False, 0.0, "growing back to full width: restart not counted")
     if decision.kind == FailureKind.HOST_WAIT:

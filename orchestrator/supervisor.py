@@ -38,6 +38,7 @@ from orchestrator.host_loss import Hosts, HostWaitExpired
 from orchestrator.job_state import JobStateMachine
 from orchestrator.logstream import LineSink
 from orchestrator.monitor import decide
+from orchestrator.notify import Notifier
 from orchestrator.observations import Decision, FailureKind, Verdict, failure
 from orchestrator.paths import collected_dir, report_png
 from orchestrator.restart_policy import plan_restart
@@ -78,6 +79,7 @@ class Supervisor:
             store, self.job_state, config, self.backend, self.tick, sink, self.stop_requested
         )
         self.hosts = Hosts(store, self.job_state, config, self.backend, sink)
+        self.notifier = Notifier(config.notify, store, job.id)
 
     def install_signal_handlers(self) -> None:
         def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -122,6 +124,7 @@ class Supervisor:
         finally:  # however it ended: so does what the backend holds for it
             self.backend.finish(self.layout, self.job_state.state == JobState.SUCCEEDED)
             self.hosts.close()
+            self.notifier.close()
             self.sink.close()
             self.tick.close()
             self.backend.close()
@@ -176,6 +179,8 @@ class Supervisor:
             regrow = decision.kind == FailureKind.REGROW
             kind = "regrow" if regrow else "failure"
             self.store.add_event(self.job.id, kind, decision.cause, *decision.tasks[:1])
+            if decision.kind == FailureKind.HOST_LOST:
+                self.notifier.event("host_lost", decision.cause)
             self.sink.info(f"{decision.cause}: stopping every task")
             if attempt is not None:
                 preempted = decision.exit_code == self.config.restart.preemption_exit_code
@@ -205,6 +210,7 @@ class Supervisor:
             self.job_state.to(JobState.RESTARTING, restarts=restarts, preemptions=preemptions)
             message = f"{restart.reason}, in {restart.delay:g}s, after: {decision.cause}"
             self.store.add_event(self.job.id, "restart", message)
+            self.notifier.event("preempted" if restart.preempted else "restarted", message)
             self.sink.info(message)
             if self.stop_requested.wait(restart.delay):
                 return self._stop_on_request(None)
@@ -298,6 +304,8 @@ class Supervisor:
         for change in changes:
             message = change.message()
             self.store.add_event(self.job.id, "straggler", message, task=change.task)
+            if change.straggler is not None:
+                self.notifier.event("straggler", message)
             self.sink.info(message)
         if changes:
             self.store.update_tasks(
@@ -347,6 +355,7 @@ class Supervisor:
         self.attempts.end_standbys()
         self.job_state.to(state, last_cause=cause)
         self.store.add_event(self.job.id, state.value, cause)
+        self.notifier.event(state.value, cause)
         self.sink.info(f"job {self.job.id} {state.value}: {cause}")
         # The run report draws with matplotlib: in a process of its own, so the supervisor
         # (resident for the whole job) never carries matplotlib's memory.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Literal, get_args
 
 from pydantic import (
     AfterValidator,
@@ -330,6 +330,31 @@ class StrategySection(_Model):
     gpu_memory_growth: bool = True
 
 
+NotifyEvent = Literal[
+    "failed", "restarted", "preempted", "host_lost", "straggler", "succeeded", "stopped"
+]
+NOTIFY_EVENTS: tuple[NotifyEvent, ...] = get_args(NotifyEvent)
+
+
+def _check_webhook(url: str) -> str:
+    if not url.startswith(("http://", "https://")) or len(url) > 2048:
+        raise ValueError("must be an http:// or https:// URL (at most 2048 characters)")
+    if any(not c.isprintable() or c.isspace() for c in url):
+        raise ValueError("must not hold spaces or control characters")
+    return url
+
+
+class NotifySection(_Model):
+    """Hooks run on the coordinator when the job meets one of `events`: `command` gets the event
+    and the job's status as one JSON document on stdin, `webhook` the same as an HTTP POST
+    (retried with backoff). Neither ever blocks or breaks supervision."""
+
+    events: list[NotifyEvent] = list(NOTIFY_EVENTS)
+    command: Argv | None = None
+    webhook: Annotated[str, AfterValidator(_check_webhook)] | None = None
+    timeout: Annotated[Seconds, Field(gt=0)] = 10.0  # per try of a command or a POST
+
+
 class ClusterConfig(_Model):
     job: JobSection
     entrypoint: EntrypointSection
@@ -338,6 +363,7 @@ class ClusterConfig(_Model):
     supervision: SupervisionSection = SupervisionSection()
     restart: RestartSection = RestartSection()
     strategy: StrategySection = StrategySection()
+    notify: NotifySection = NotifySection()
 
 
 def host_gpus_per_task(backend: LocalBackend | SshBackend | SlurmBackend, host: int) -> int:
