@@ -68,6 +68,7 @@ def build_report(
         "preemptions": job.preemptions,
         "restart_causes": [e.message for e in events if e.kind == "restart"],
         "stragglers": [e.message for e in events if e.kind == "straggler"],
+        "stacks": [e.message for e in events if e.kind == "stacks"],  # taken before a stop
         "width": width_over_time(job, events),
         "last_cause": job.last_cause,
         "tasks": per_task,

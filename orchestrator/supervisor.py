@@ -35,6 +35,7 @@ from orchestrator.errors import (
     PreflightError,
 )
 from orchestrator.host_loss import Hosts, HostWaitExpired
+from orchestrator.hung_stacks import take_stacks
 from orchestrator.job_state import JobStateMachine
 from orchestrator.logstream import LineSink
 from orchestrator.monitor import decide
@@ -146,6 +147,9 @@ class Supervisor:
                 return None, None
         return attempt, self._watch(attempt)
 
+    def _event(self, kind: str, message: str) -> None:
+        self.store.add_event(self.job.id, kind, message)
+
     def _fail_on_error(self, cause: str) -> None:
         """An error ends the job FAILED with its cause, after stopping whatever it started.
         No task row is left saying it runs: what the stop confirmed is `stopped`, the rest
@@ -175,6 +179,9 @@ class Supervisor:
                 decision = outcome
             if attempt is not None and decision.tasks and decision.kind != FailureKind.HOST_LOST:
                 decision = self.attempts.name_shared_dir_trouble(attempt, decision)
+            if attempt is not None:  # a hung or late group: its stacks before it is stopped
+                decision = take_stacks(self.backend, self.layout, self.config, attempt, decision,
+                                       self._event)  # fmt: skip
             self.job_state.to(JobState.STOPPING, last_cause=decision.cause)
             regrow = decision.kind == FailureKind.REGROW
             kind = "regrow" if regrow else "failure"

@@ -310,6 +310,8 @@ def render_report(data: dict[str, Any]) -> None:
     _write("(medians over the run; WAIT: share of time in collectives, waiting for peers)")
     for straggler in data.get("stragglers", []):
         _write(f"  {straggler}")
+    for stacks in data.get("stacks", []):  # a hung or late group's, before it was stopped
+        _write(f"stacks: {stacks}")
     if data["metrics"]:
         _write("metrics: " + ", ".join(f"{k}={v}" for k, v in data["metrics"].items()))
     _write(f"chart: {data['chart']['path']}")

@@ -192,6 +192,9 @@ def run_job(bed: LocalBed, cli: Cli, root: Path, rng: random.Random, n: int,
     bystanders = strangers()
     out = cli("launch", "--detach", "--plain", str(path), timeout=600)
     if out.returncode != 0:
+        for proc in bystanders:  # nothing of the job ran: they go as they came
+            proc.kill()
+            proc.wait()
         return [f"launch failed: {out.stderr.strip()[-300:]}"]
     job = json.loads(cli("status", "--json").stdout)["jobs"][0]["id"]  # the newest
     supervisors: list[Any] = []

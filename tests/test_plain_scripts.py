@@ -33,6 +33,11 @@ pytestmark = pytest.mark.slow
 FIXTURES = Path(__file__).parent / "fixtures"
 PLAIN_FIT = FIXTURES / "plain_fit.py"
 PLAIN_LOOP = FIXTURES / "plain_custom_loop.py"
+# The agent takes stacks with py-spy where it is on PATH (a dev dependency), else through the
+# trainer's own handler: each test chooses.
+VENV_BIN = str(Path(sys.executable).parent)
+WITHOUT_PY_SPY = os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep) if p != VENV_BIN)
+WITH_PY_SPY = os.pathsep.join([VENV_BIN, WITHOUT_PY_SPY])
 
 
 def plain_config(
@@ -160,20 +165,67 @@ def test_a_plain_script_that_hangs_mid_training_is_caught_by_the_watchdog(
         env=', HANG_AT_STEP = "1:40"', supervision="progress_timeout = 8.0",
         restart="max_restarts = 0",
     )  # fmt: skip
-    result = cli("launch", str(path), timeout=240)
+    result = cli("launch", str(path), timeout=240, env={"PATH": WITHOUT_PY_SPY})
     assert result.code == 1, result.out[-3000:]
     job = status_json(cli, status_json(cli)["jobs"][0]["id"])["jobs"][0]
     assert job["state"] == "failed"
     # Both stop: worker-1 hangs, worker-0 then waits in the next collective. The cause names
     # the task(s) whose steps stopped first, and the signal that went still.
+    # Before the stop, every task's stacks were taken: the cause names where each named
+    # task's own code was (worker-1 in the callback that hangs).
+    own = r"worker-[01] in plain_fit\.py:\d+ \S+"
     assert re.fullmatch(
-        r"no training progress for 8s from worker-[01](, worker-1)? \(Keras fit steps\) "
-        r"\(max_restarts \(0\) reached\)|no training progress for 8s from worker-[01]"
-        r"(, worker-1)? \(Keras fit steps\)",
+        rf"no training progress for 8s from worker-[01](, worker-1)? \(Keras fit steps\); "
+        rf"{own}(, {own})?( \(max_restarts \(0\) reached\))?",
         job["last_cause"],
     ), job["last_cause"]
+    if "worker-1 in" in job["last_cause"]:
+        assert "worker-1 in plain_fit.py:109 on_train_batch_end" in job["last_cause"]
     assert "task 1 hangs after step 40" in result.out
+    stacks = (tmp_path / "shared" / job["id"] / "tasks" / "1" / "stacks-attempt-0.txt").read_text()
+    assert "thread 0x" in stacks and "(most recent call first)" in stacks  # every Python thread
+    assert 'plain_fit.py", line 109 in on_train_batch_end' in stacks
+    said = [e["message"] for e in job["events"] if e["kind"] == "stacks"]
+    assert sorted(m.split(":")[0] for m in said) == ["worker-0", "worker-1"], job["events"]
+    logged = cli("logs", job["id"], "--grep", "Python stacks of every thread").out
+    assert "stacks-attempt-0.txt" in logged and logged.count("\n") == 2, logged
+    report = cli("report", job["id"]).out
+    assert report.count("stacks: worker-") == 2, report
     assert not job_processes(job["id"])
+
+
+def test_a_custom_loop_stuck_in_a_collective_has_its_stacks_taken_before_the_stop(
+    tmp_path: Path, cli: Callable[..., CliResult], reap_pids: list[int]
+) -> None:
+    path = plain_config(
+        tmp_path, PLAIN_LOOP,
+        ["--steps", "100000", "--checkpoint-dir", str(tmp_path / "shared" / "ckpt"),
+         "--step-delay", "0.02"],
+        supervision="progress_timeout = 3.0", restart="max_restarts = 0",
+    )  # fmt: skip
+    job_id = launch_detached(cli, path, reap_pids, env={"PATH": WITH_PY_SPY})
+    job = wait_while_running(
+        cli, job_id, reap_pids, lambda j: all(t["step"] > 10 for t in j["tasks"])
+    )
+    # worker-1 stopped: worker-0 waits for it (3 s: before MWMS's own heartbeat gives up on it)
+    os.kill(job["tasks"][1]["pid"], signal.SIGSTOP)
+    job = wait_for_end(cli, job_id)
+    assert job["state"] == "failed"
+    # worker-0 waits in the all-reduce of its loop's step; the stopped worker-1 cannot answer
+    # (its dump stays empty): the cause says where worker-0 was, and that worker-1 gave none.
+    assert re.fullmatch(
+        r"no training progress for 3s from (worker-0, )?worker-1 \(optimizer iterations\); "
+        r"worker-0 in plain_custom_loop\.py:7[3-5] <module>; no stacks from worker-1"
+        r"( \(max_restarts \(0\) reached\))?",
+        job["last_cause"],
+    ), job["last_cause"]
+    # py-spy's dump, native frames (the collective's wait) included.
+    stacks = (tmp_path / "shared" / job_id / "tasks" / "0" / "stacks-attempt-0.txt").read_text()
+    assert stacks.startswith("Process ") and "\nThread " in stacks, stacks  # py-spy's dump
+    said = sorted(e["message"] for e in job_view(cli, job_id)["events"] if e["kind"] == "stacks")
+    assert [m.split(":")[0] for m in said] == ["worker-0", "worker-1"], said
+    assert "(py-spy)" in said[0] and said[1].startswith("worker-1: Python stacks"), said
+    assert not job_processes(job_id)
 
 
 def test_a_plain_script_task_that_never_starts_is_named_by_the_startup_deadline(

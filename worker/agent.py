@@ -21,6 +21,7 @@ from pathlib import Path
 from types import FrameType
 from typing import BinaryIO
 
+from worker import stacks
 from worker.children import BOOTSTRAP, die_with_parent, exit_waiter
 from worker.contact import cut_off, forget, peer_endpoints
 from worker.proctl import not_nested
@@ -151,6 +152,7 @@ class Agent:
                     _note(log, f"cannot start trainer: {exc}")
                     self._write_status(AgentState.FAILED, exit_code=127, message=str(exc))
                     return 127
+            signal.signal(stacks.ASK_AGENT, not_nested(self._on_stacks_asked))
             if self._stop_requested.is_set():  # a stop arrived while we were starting
                 self._forward_stop()
             code = self._supervise(self._trainer)
@@ -257,6 +259,21 @@ class Agent:
                     f"{self.spec.orphan_timeout:g}s and no peer answers: stopping the trainer"
                 )
                 self._on_stop_signal(signal.SIGTERM, None)
+
+    def _on_stacks_asked(self, signum: int, frame: FrameType | None) -> None:
+        """The supervisor wants the trainer's stacks before it stops a hung group: taken on a
+        thread (py-spy, or the trainer's own handler), said in the log and the done file."""
+        trainer, task_dir = self._trainer, self.status_path.parent
+        if trainer is None or trainer.poll() is not None:
+            return
+
+        def take() -> None:
+            line = stacks.take(trainer.pid, stacks.stacks_path(task_dir, self.spec.attempt))
+            _note(self._log, line)
+            with contextlib.suppress(OSError):
+                stacks.done_path(task_dir, self.spec.attempt).write_text(line + "\n")
+
+        threading.Thread(target=take, name="stacks", daemon=True).start()
 
     def _on_stop_signal(self, signum: int, frame: FrameType | None) -> None:
         if not self._stop_requested.is_set():

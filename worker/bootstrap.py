@@ -31,9 +31,9 @@ import signal
 import types
 from types import TracebackType
 
-from worker import progress
+from worker import progress, stacks
 from worker.instrument import Instrumentation
-from worker.spec import Phase
+from worker.spec import ENV_ATTEMPT, ENV_TASK_DIR, Phase
 
 _OUR_FILES = frozenset(
     os.path.normcase(os.path.abspath(f))
@@ -131,6 +131,7 @@ def _die_as_the_interpreter_would(exc: BaseException) -> None:
 
 def main() -> None:
     module, script, args = _parse(sys.argv[1:])
+    stacks.install_in_trainer(os.environ.get(ENV_TASK_DIR), os.environ.get(ENV_ATTEMPT))
     writer = progress.shared()
     writer.phase(Phase.STARTING)
     instrumentation = Instrumentation(writer)

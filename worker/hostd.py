@@ -81,6 +81,13 @@ def handle(op: str, args: dict[str, Any]) -> Any:
         }
     if op == "stop":
         return proctl.stop_group(int(args["pgid"]), float(args["grace"]), args.get("ident", ""))
+    if op == "ask_stacks":  # our agent, checked by identity, takes its trainer's stacks
+        from worker.stacks import ASK_AGENT
+
+        if not proctl.is_same(int(args["pid"]), str(args["ident"])):
+            return False
+        os.kill(int(args["pid"]), ASK_AGENT)
+        return True
     if op == "stop_job":
         return proctl.stop_job(str(args["job_id"]), float(args["grace"]))
     if op == "remove":  # a directory tree we made (preflight tokens)

@@ -1,0 +1,110 @@
+"""Taking a task's Python stacks (worker/stacks.py) from a live process that waits in a
+function of its own: through the handler the bootstrap installs (faulthandler), and with
+py-spy; a process without the handler is never signalled; the host helper asks only our agent."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from worker import hostd, stacks
+from worker.proctl import identity
+
+CHILD = """
+import sys, time
+sys.path.insert(0, {repo!r})
+from worker import stacks
+if {handler}:
+    stacks.install_in_trainer({task_dir!r}, "0")
+
+
+def wait_for_batch():
+    print("waiting", flush=True)
+    time.sleep(600)
+
+
+wait_for_batch()
+"""
+VENV_BIN = str(Path(sys.executable).parent)
+
+
+@pytest.fixture
+def child(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[subprocess.Popen[str]]:
+    script = tmp_path / "child.py"
+    repo = str(Path(__file__).resolve().parent.parent)
+    script.write_text(CHILD.format(repo=repo, handler=request.param, task_dir=str(tmp_path)))
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline() == "waiting\n"
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def _path_without_py_spy(monkeypatch: pytest.MonkeyPatch) -> None:
+    kept = [p for p in os.environ["PATH"].split(os.pathsep) if p != VENV_BIN]
+    monkeypatch.setenv("PATH", os.pathsep.join(kept))
+
+
+@pytest.mark.parametrize("child", [True], indirect=True)
+def test_the_trainers_own_handler_writes_every_thread_and_names_the_scripts_function(
+    child: subprocess.Popen[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _path_without_py_spy(monkeypatch)
+    path = stacks.stacks_path(tmp_path, 0)
+    said = stacks.take(child.pid, path)
+    assert said == f"Python stacks of every thread before the stop: {path}"
+    text = path.read_text()
+    assert "Current thread 0x" in text and 'child.py", line 11 in wait_for_batch' in text
+    assert stacks.where(text, [str(tmp_path)]) == "child.py:11 wait_for_batch"
+    assert child.poll() is None  # the handler wrote; the trainer goes on
+
+
+@pytest.mark.parametrize("child", [False], indirect=True)
+def test_py_spy_takes_them_from_any_python_process_with_full_file_names(
+    child: subprocess.Popen[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PATH", os.pathsep.join([VENV_BIN, os.environ["PATH"]]))
+    path = stacks.stacks_path(tmp_path, 0)
+    assert stacks.take(child.pid, path) == (
+        f"Python stacks of every thread (py-spy) before the stop: {path}"
+    )
+    text = path.read_text()
+    assert f"wait_for_batch ({tmp_path}/child.py:11)" in text
+    assert stacks.where(text, [str(tmp_path)]) == "child.py:11 wait_for_batch"
+
+
+@pytest.mark.parametrize("child", [False], indirect=True)
+def test_a_trainer_without_the_handler_is_never_signalled(
+    child: subprocess.Popen[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _path_without_py_spy(monkeypatch)
+    said = stacks.take(child.pid, stacks.stacks_path(tmp_path, 0))
+    assert said == "no Python stacks: py-spy is not on this host and the trainer has no handler"
+    assert child.poll() is None  # SIGUSR2's default would have ended it
+
+
+@pytest.mark.parametrize("child", [False], indirect=True)
+def test_the_host_helper_asks_only_the_process_it_was_named(
+    child: subprocess.Popen[str],
+) -> None:
+    # Not our agent (its identity differs): no signal, which would have ended it.
+    assert hostd.handle("ask_stacks", {"pid": child.pid, "ident": "not-its-identity"}) is False
+    assert child.poll() is None
+    assert identity(child.pid) is not None
+
+
+def test_a_dump_says_where_when_no_frame_is_the_scripts() -> None:
+    gc = "Current thread 0x00007f (most recent call first):\n  Garbage-collecting\n  <no Python frame>\n"
+    assert stacks.where(gc, ["/job"]) == "garbage collection (no Python frame)"
+    lib = 'Thread 0x1 (most recent call first):\n  File "/usr/lib/python3.11/threading.py", line 320 in wait\n'
+    assert stacks.where(lib, ["/job"]) == "library code (threading.py:320 wait)"
+    assert stacks.where("", ["/job"]) is None
+    site = '  File "/job/.venv/lib/python3.11/site-packages/x.py", line 3 in f\n'
+    assert stacks.where("Thread 0x2 (most recent call first):\n" + site, ["/job"]) == (
+        "library code (x.py:3 f)"
+    )  # an installed package under the job's directory is not the script's own code
