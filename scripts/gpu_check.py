@@ -15,12 +15,13 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from bench_measure import free_ports  # scripts/: beside this one
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -72,16 +73,6 @@ def gpus() -> list[str]:
         return []
     out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, check=False)
     return [ln for ln in out.stdout.splitlines() if ln.startswith("GPU ")]
-
-
-def free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 def reports(text: str) -> list[dict]:
