@@ -179,15 +179,18 @@ class Supervisor:
                 decision = outcome
             if attempt is not None and decision.tasks and decision.kind != FailureKind.HOST_LOST:
                 decision = self.attempts.name_shared_dir_trouble(attempt, decision)
-            if attempt is not None:  # a hung or late group: its stacks before it is stopped
-                decision = take_stacks(self.backend, self.layout, self.config, attempt, decision,
-                                       self._event)  # fmt: skip
             self.job_state.to(JobState.STOPPING, last_cause=decision.cause)
             regrow = decision.kind == FailureKind.REGROW
             kind = "regrow" if regrow else "failure"
             self.store.add_event(self.job.id, kind, decision.cause, *decision.tasks[:1])
             if decision.kind == FailureKind.HOST_LOST:
                 self.notifier.event("host_lost", decision.cause)
+            if attempt is not None:  # a hung or late group: its stacks, before it is stopped
+                seen = take_stacks(self.backend, self.layout, self.config, attempt, decision,
+                                   self._event)  # fmt: skip
+                if seen is not decision:  # the cause now says where each task was
+                    decision = seen
+                    self.job_state.note_cause(decision.cause)
             self.sink.info(f"{decision.cause}: stopping every task")
             if attempt is not None:
                 preempted = decision.exit_code == self.config.restart.preemption_exit_code

@@ -191,7 +191,7 @@ def test_successful_job_streams_whole_prefixed_lines_with_args_byte_for_byte(
     assert logs.code == 0 and "task 1 mode ok" in logs.out and "task 0 mode" not in logs.out
     # The coordinator keeps durable copies of every task's log, with when each line arrived.
     copies = sorted(p.name for p in (home / "jobs" / job["id"] / "logs").iterdir())
-    assert copies == ["worker-0.log", "worker-0.times", "worker-1.log", "worker-1.times"]
+    assert copies == [f"worker-{i}.{kind}" for i in (0, 1) for kind in ("attempts", "log", "times")]
 
 
 def test_the_script_runs_through_the_bootstrap_unless_instrument_is_false(

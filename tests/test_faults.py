@@ -132,10 +132,12 @@ def test_a_task_that_never_joins_fails_the_startup_deadline_naming_it(
     assert job["state"] == "failed" and job["restarts"] == 0
     # worker-1's interpreter is up (the bootstrap reported it) but it never imports
     # TensorFlow; worker-0 is still loading it (slow on a busy machine), or past the import
-    # and waiting for worker-1.
+    # and waiting for worker-1. Their stacks, taken before the stop, say where each was.
     assert re.fullmatch(
         r"startup deadline of 12s passed; starting: (worker-0, )?worker-1"
-        r"(; (before the rendezvous|waiting for peers): worker-0)?",
+        r"(; (before the rendezvous|waiting for peers): worker-0)?"
+        r"; (worker-0 in [^,;]+, )?worker-1 in faulty_digits\.py:16 <module>"
+        r"(, worker-0 in [^,;]+)?",
         job["last_cause"],
     ), job["last_cause"]
     assert job["ended"] - started >= 12  # not before the deadline

@@ -239,10 +239,13 @@ def test_a_plain_script_task_that_never_starts_is_named_by_the_startup_deadline(
     assert result.code == 1, result.out[-3000:]
     job = status_json(cli, status_json(cli)["jobs"][0]["id"])["jobs"][0]
     # worker-1's interpreter is up (the bootstrap said so) but it never imports TensorFlow;
-    # worker-0 is still loading, or past the import and waiting for its peer.
+    # worker-0 is still loading, or past the import and waiting for its peer. Their stacks,
+    # taken before the stop, say where each was.
     assert re.fullmatch(
         r"startup deadline of 25s passed; starting: (worker-0, )?worker-1"
-        r"(; (before the rendezvous|waiting for peers): worker-0)?",
+        r"(; (before the rendezvous|waiting for peers): worker-0)?"
+        r"; (worker-0 in [^,;]+, )?worker-1 in plain_fit\.py:36 <module>"
+        r"(, worker-0 in [^,;]+)?",
         job["last_cause"],
     ), job["last_cause"]
     assert not job_processes(job["id"])
