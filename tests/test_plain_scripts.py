@@ -208,7 +208,9 @@ def test_a_custom_loop_stuck_in_a_collective_has_its_stacks_taken_before_the_sto
         cli, job_id, reap_pids, lambda j: all(t["step"] > 10 for t in j["tasks"])
     )
     # worker-1 stopped: worker-0 waits for it (3 s: before MWMS's own heartbeat gives up on it)
-    os.kill(job["tasks"][1]["pid"], signal.SIGSTOP)
+    trainer = job["tasks"][1]["pid"]
+    assert trainer in job_processes(job_id)  # this job's trainer, right before the signal
+    os.kill(trainer, signal.SIGSTOP)
     job = wait_for_end(cli, job_id)
     assert job["state"] == "failed"
     # worker-0 waits in the all-reduce of its loop's step; the stopped worker-1 cannot answer

@@ -31,6 +31,7 @@ def wait_for_batch():
 wait_for_batch()
 """
 VENV_BIN = str(Path(sys.executable).parent)
+JOB = "stacks-test-job"
 
 
 @pytest.fixture
@@ -38,7 +39,9 @@ def child(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[subprocess
     script = tmp_path / "child.py"
     repo = str(Path(__file__).resolve().parent.parent)
     script.write_text(CHILD.format(repo=repo, handler=request.param, task_dir=str(tmp_path)))
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    env = {**os.environ, "ORCHESTRATE_JOB_ID": JOB}  # as every process of a job has
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
+                            env=env)  # fmt: skip
     assert proc.stdout is not None and proc.stdout.readline() == "waiting\n"
     yield proc
     proc.kill()
@@ -56,7 +59,7 @@ def test_the_trainers_own_handler_writes_every_thread_and_names_the_scripts_func
 ) -> None:
     _path_without_py_spy(monkeypatch)
     path = stacks.stacks_path(tmp_path, 0)
-    said = stacks.take(child.pid, path)
+    said = stacks.take(child.pid, path, JOB)
     assert said == f"Python stacks of every thread before the stop: {path}"
     text = path.read_text()
     assert "Current thread 0x" in text and 'child.py", line 11 in wait_for_batch' in text
@@ -70,7 +73,7 @@ def test_py_spy_takes_them_from_any_python_process_with_full_file_names(
 ) -> None:
     monkeypatch.setenv("PATH", os.pathsep.join([VENV_BIN, os.environ["PATH"]]))
     path = stacks.stacks_path(tmp_path, 0)
-    assert stacks.take(child.pid, path) == (
+    assert stacks.take(child.pid, path, JOB) == (
         f"Python stacks of every thread (py-spy) before the stop: {path}"
     )
     text = path.read_text()
@@ -83,7 +86,7 @@ def test_a_trainer_without_the_handler_is_never_signalled(
     child: subprocess.Popen[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _path_without_py_spy(monkeypatch)
-    said = stacks.take(child.pid, stacks.stacks_path(tmp_path, 0))
+    said = stacks.take(child.pid, stacks.stacks_path(tmp_path, 0), JOB)
     assert said == "no Python stacks: py-spy is not on this host and the trainer has no handler"
     assert child.poll() is None  # SIGUSR2's default would have ended it
 
@@ -108,3 +111,13 @@ def test_a_dump_says_where_when_no_frame_is_the_scripts() -> None:
     assert stacks.where("Thread 0x2 (most recent call first):\n" + site, ["/job"]) == (
         "library code (x.py:3 f)"
     )  # an installed package under the job's directory is not the script's own code
+
+
+@pytest.mark.parametrize("child", [True], indirect=True)
+def test_a_process_of_another_job_is_neither_signalled_nor_spied_on(
+    child: subprocess.Popen[str], tmp_path: Path
+) -> None:
+    path = stacks.stacks_path(tmp_path, 0)
+    assert stacks.take(child.pid, path, "another-job") == "no Python stacks: the trainer is gone"
+    assert path.read_text() == "" and child.poll() is None
+    assert stacks.take(1, path, JOB) == "no Python stacks: the trainer is gone"  # never pid 1

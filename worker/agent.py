@@ -1,10 +1,9 @@
 """The worker agent: `python -m worker.agent SPEC_PATH`.
 
-Started detached (its own session, so its pid is also its process group id). It runs the
-training entrypoint with TF_CONFIG set (through worker/bootstrap.py unless the spec says not to
-instrument it), sends the trainer's output to the task's log file on the
-shared directory, writes status + heartbeat atomically, forwards SIGTERM to the trainer (grace,
-then SIGKILL), and makes sure the trainer never outlives it (PR_SET_PDEATHSIG).
+Started detached (its own session: its pid is its process group id). It runs the entrypoint
+with TF_CONFIG set (through worker/bootstrap.py unless not instrumented), sends the trainer's
+output to the task's log on the shared directory, writes status + heartbeat atomically,
+forwards SIGTERM (grace, then SIGKILL), and the trainer never outlives it (PR_SET_PDEATHSIG).
 """
 
 from __future__ import annotations
@@ -261,14 +260,14 @@ class Agent:
                 self._on_stop_signal(signal.SIGTERM, None)
 
     def _on_stacks_asked(self, signum: int, frame: FrameType | None) -> None:
-        """The supervisor wants the trainer's stacks before it stops a hung group: taken on a
-        thread (py-spy, or the trainer's own handler), said in the log and the done file."""
-        trainer, task_dir = self._trainer, self.status_path.parent
-        if trainer is None or trainer.poll() is not None:
+        """Before a hung group is stopped: the trainer's stacks, on a thread, then logged."""
+        if (trainer := self._trainer) is None:
             return
+        task_dir = self.status_path.parent
 
         def take() -> None:
-            line = stacks.take(trainer.pid, stacks.stacks_path(task_dir, self.spec.attempt))
+            path = stacks.stacks_path(task_dir, self.spec.attempt)
+            line = stacks.take(trainer.pid, path, self.spec.job_id)
             _note(self._log, line)
             with contextlib.suppress(OSError):
                 stacks.done_path(task_dir, self.spec.attempt).write_text(line + "\n")

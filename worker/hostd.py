@@ -84,9 +84,10 @@ def handle(op: str, args: dict[str, Any]) -> Any:
     if op == "ask_stacks":  # our agent, checked by identity, takes its trainer's stacks
         from worker.stacks import ASK_AGENT
 
-        if not proctl.is_same(int(args["pid"]), str(args["ident"])):
+        pid, ident = int(args["pid"]), str(args["ident"])
+        if pid <= 1 or not ident or not proctl.is_same(pid, ident):
             return False
-        os.kill(int(args["pid"]), ASK_AGENT)
+        os.kill(pid, ASK_AGENT)
         return True
     if op == "stop_job":
         return proctl.stop_job(str(args["job_id"]), float(args["grace"]))

@@ -208,6 +208,14 @@ def _environ_has(pid: int, marker: bytes) -> bool:
         return False
 
 
+def is_job_process(pid: int, job_id: str) -> bool:
+    """A live process (> 1, not a zombie) started with this job's id in its environment."""
+    fields = _stat_fields(pid) if pid > 1 else None
+    if fields is None or fields[0] in ("Z", "X"):
+        return False
+    return _environ_has(pid, f"\0ORCHESTRATE_JOB_ID={job_id}\0".encode())
+
+
 def _net_namespace(pid: int | str) -> str | None:
     try:
         return os.readlink(f"/proc/{pid}/ns/net")

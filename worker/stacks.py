@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path, PurePath
 from typing import IO
 
+from worker.proctl import is_job_process
+
 ASK_AGENT = signal.SIGUSR1  # the supervisor to the agent: take the stacks now
 ASK_TRAINER = signal.SIGUSR2  # the agent to the trainer: faulthandler writes them
 SETTLE = 3.0  # seconds the agent waits for the trainer's dump to be written
@@ -44,8 +46,16 @@ def install_in_trainer(task_dir: str | None, attempt: str | None) -> None:
         _held.append(out)
 
 
-def take(trainer_pid: int, path: Path) -> str:
-    """The trainer's stacks into `path`; what was done, as a line for the task's log."""
+def take(trainer_pid: int, path: Path, job_id: str) -> str:
+    """The trainer's stacks into `path`; what was done, as a line for the task's log. Right
+    before each look at the pid, and before the signal: is it still a live process of this job
+    (> 1, not a zombie, the job's id in its environment), not a pid reused since?"""
+
+    def is_ours() -> bool:
+        return is_job_process(trainer_pid, job_id)
+
+    if not is_ours():
+        return "no Python stacks: the trainer is gone"
     spy = shutil.which("py-spy")
     for native in (["--native"], []) if spy else ():  # native frames too, where it can
         try:
@@ -59,6 +69,8 @@ def take(trainer_pid: int, path: Path) -> str:
     if not path.exists():  # no handler in this trainer: a signal would end it
         return "no Python stacks: py-spy is not on this host and the trainer has no handler"
     before = path.stat().st_size
+    if not is_ours():
+        return "no Python stacks: the trainer is gone"
     try:
         os.kill(trainer_pid, ASK_TRAINER)
     except OSError as exc:
