@@ -67,10 +67,11 @@ def take_stacks(
                 continue
             asked.remove(agent)
             dumps[agent.task_index] = text[:MAX_DUMP].decode(errors="replace")
-            line = done.decode(errors="replace").strip().splitlines()[0][:300]
+            line = _plain(done.decode(errors="replace").strip().splitlines()[0])
             event("stacks", f"worker-{agent.task_index}: {line}")
     roots = script_roots(config)
-    places = {i: where(text, roots) for i, text in dumps.items()}
+    # What a trainer writes is not trusted: a dump's names are cut short and made printable.
+    places = {i: _plain(p) if (p := where(text, roots)) else None for i, text in dumps.items()}
     order = [*decision.tasks, *sorted(i for i in places if i not in decision.tasks)]
     found = [f"worker-{i} in {p}" for i in order if (p := places.get(i)) is not None]
     silent = [i for i in decision.tasks if places.get(i) is None]  # stopped: no dump at all
@@ -80,3 +81,7 @@ def take_stacks(
     if not parts:
         return decision
     return dataclasses.replace(decision, cause=f"{decision.cause}; {'; '.join(parts)}")
+
+
+def _plain(text: str, limit: int = 200) -> str:
+    return "".join(c if c.isprintable() else "?" for c in text[:limit])

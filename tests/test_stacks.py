@@ -121,3 +121,13 @@ def test_a_process_of_another_job_is_neither_signalled_nor_spied_on(
     assert stacks.take(child.pid, path, "another-job") == "no Python stacks: the trainer is gone"
     assert path.read_text() == "" and child.poll() is None
     assert stacks.take(1, path, JOB) == "no Python stacks: the trainer is gone"  # never pid 1
+
+
+def test_a_dump_a_trainer_wrote_itself_is_cut_short_and_made_printable() -> None:
+    from orchestrator.hung_stacks import _plain
+
+    hostile = (
+        'Thread 0x1 (most recent call first):\n  File "/job/\x1b[2Jx.py", line 1 in ' + "f" * 5000
+    )
+    place = stacks.where(hostile, ["/job"])
+    assert place is not None and len(_plain(place)) == 200 and "\x1b" not in _plain(place)
