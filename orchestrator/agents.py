@@ -53,8 +53,9 @@ def start_agents(
         task, spec = plan.tasks[i], specs[i]
         layout = spec.layout
         spec_path = str(layout.spec_path(i))
-        process = hosts.transport(task.host_index).start_detached(
-            [hosts.python(task.host_index), "-m", "worker.agent", spec_path],
+        transport = hosts.transport(task.host_index)
+        process = transport.start_detached(
+            transport.worker_argv("agent", spec_path),
             log_path=str(layout.task_dir(i) / "agent.log"),
             # Marks every process of the job (the trainer inherits it): a stop finds them by
             # it even where no pid was recorded.

@@ -51,7 +51,10 @@ def version_problems(protocol: object, tensorflow: object, python: str) -> list[
             f"{HOST_PROTOCOL}): install the same orchestrate"
         )
     if not tensorflow:
-        problems.append(f"TensorFlow is not installed for {python}")
+        problems.append(
+            f"TensorFlow is not installed for {python} (install tensorflow and tf-keras for "
+            "it, or set `python` to an interpreter that has them)"
+        )
     return problems
 
 

@@ -90,7 +90,7 @@ class LocalBed:
         trainer = view["tasks"][task]["pid"]
         keepers = [
             pid for pid, argv in _processes()
-            if argv[1:2] == [str(STANDBY)] and argv[2:4] == [view["id"], str(task)]
+            if argv[1:2] and argv[1].endswith(STANDBY) and argv[2:4] == [view["id"], str(task)]
             and _same_host(pid, trainer)
         ]  # fmt: skip
         if kind == "keeper_kill" and keepers:
@@ -163,7 +163,7 @@ class SshBed(LocalBed):
         if kind == "helper_kill":  # the supervisor's helper on the host: the oldest one there
             helpers = [
                 pid for pid, argv in _processes()
-                if argv[1:3] == ["-m", "worker.hostd"] and _in(pid, host.namespace)
+                if argv[1:2] == ["-c"] and argv[3:4] == ["hostd"] and _in(pid, host.namespace)
             ]  # fmt: skip
             if not helpers:
                 return f"no host helper on {host.name}"
@@ -246,7 +246,7 @@ class SlurmBed(LocalBed):
         shutil.rmtree(self.root, ignore_errors=True)
 
 
-STANDBY = REPO / "worker" / "standby.py"
+STANDBY = "/worker/standby.py"  # a keeper: python COPY/worker/standby.py JOB TASK ...
 
 
 def _processes() -> list[tuple[int, list[str]]]:

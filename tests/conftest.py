@@ -5,9 +5,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import textwrap
 import time
@@ -220,6 +222,34 @@ def reap_pids() -> Iterator[list[int]]:
                 os.killpg(pid, 9)
             with contextlib.suppress(OSError):
                 os.kill(pid, 9)
+
+
+def python_without_orchestrate(where: Path) -> Path:
+    """An interpreter with this environment's TensorFlow, tf-keras (and the rest of its
+    site-packages) but not orchestrate, as a host that never installed it: a venv whose one
+    .pth names our site-packages (Python reads no .pth, such as the editable install's, from
+    a directory that a .pth names)."""
+    venv = where / "python-without-orchestrate"
+    subprocess.run(
+        [getattr(sys, "_base_executable", sys.executable), "-m", "venv", "--without-pip",
+         str(venv)], check=True, timeout=120,
+    )  # fmt: skip
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    site = venv / "lib" / version / "site-packages"
+    (site / "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    python = venv / "bin" / "python"
+    for module in ("worker", "orchestrator"):
+        probe = subprocess.run([python, "-c", f"import {module}"], cwd="/", capture_output=True)
+        assert probe.returncode != 0, f"{python} can import {module}"
+    return python
+
+
+def python_with_env(path: Path, python: Path | str, env: dict[str, str]) -> Path:
+    """A wrapper at path that runs python with env set (as a host's own profile would)."""
+    sets = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
+    path.write_text(f'#!/bin/sh\nexport {sets}\nexec {python} "$@"\n')
+    path.chmod(0o755)
+    return path
 
 
 # --- a second user on the host ------------------------------------------------------------

@@ -26,6 +26,7 @@ from tests.conftest import (
     job_processes,
     job_view,
     launch_detached,
+    python_without_orchestrate,
     status_json,
     wait_for,
     wait_for_end,
@@ -87,7 +88,9 @@ def slurm_state(slurm_job: str) -> str:
     return states[-1] if states else "GONE"
 
 
-def slurm_toml(tmp_path: Path, *, epochs: int, backend: str = "", extra: str = "") -> Path:
+def slurm_toml(
+    tmp_path: Path, *, epochs: int, backend: str = "", extra: str = "", python: str = sys.executable
+) -> Path:
     shared = tmp_path / "shared"
     shared.mkdir(exist_ok=True)
     path = tmp_path / "cluster.toml"
@@ -107,7 +110,7 @@ workdir = "{REPO}"
 type = "slurm"
 partition = "debug"
 nodes = 3
-python = "{sys.executable}"
+python = "{python}"
 {backend}
 
 [supervision]
@@ -139,10 +142,16 @@ def no_leftovers(job_id: str) -> None:
 def test_a_three_node_job_trains_to_the_end_and_its_allocation_completes(
     slurm: slurmbed.SlurmBed, cli: Callable[..., CliResult], tmp_path: Path
 ) -> None:
-    path = slurm_toml(tmp_path, epochs=3)
+    # The nodes' interpreter has TensorFlow and tf-keras, not orchestrate: the coordinator
+    # puts its worker package in the shared directory, and the step runs from that copy.
+    bare = python_without_orchestrate(tmp_path)
+    path = slurm_toml(tmp_path, epochs=3, python=str(bare))
+    path.write_text(path.read_text().replace(f'workdir = "{REPO}"', f'workdir = "{tmp_path}"'))
     result = cli("launch", str(path), timeout=240)
     assert result.code == 0, result.out[-3000:] + result.err[-2000:]
     assert re.search(r"submitted Slurm job \d+", result.out)
+    [copy] = (tmp_path / "shared" / ".orchestrate").iterdir()
+    assert (copy / "worker" / "slurm_task.py").is_file() and copy.name.startswith("worker-")
     job = status_json(cli)["jobs"][0]
     assert job["state"] == "succeeded"
     assert sorted(t["host"] for t in job["tasks"]) == ["n0", "n1", "n2"]  # Slurm's names

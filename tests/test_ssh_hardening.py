@@ -16,7 +16,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import paramiko
@@ -340,14 +340,16 @@ def test_every_hop_of_a_proxyjump_chain_gets_our_policy_and_its_own_known_keys(
 # --- the host helper's start is bounded -------------------------------------------------------
 
 
-def _construct_in_thread(channel: paramiko.Channel, timeout: float) -> tuple[list, float]:
+def _construct_in_thread(
+    channel: paramiko.Channel, timeout: float, payload: Callable[[], bytes] = bytes
+) -> tuple[list, float]:
     """HelperClient(...) on a thread, so that a start that never returns fails the test rather
     than hanging it."""
     outcome: list = []
 
     def construct() -> None:
         try:
-            outcome.append(HelperClient(channel, "h7", timeout))
+            outcome.append(HelperClient(channel, "h7", timeout, payload))
         except BaseException as exc:
             outcome.append(exc)
 
@@ -397,12 +399,40 @@ def test_a_helper_that_says_something_else_and_stays_is_reported_in_one_line(
 def test_a_helper_that_says_ready_serves_with_no_timeout_on_its_reader(
     channel: paramiko.Channel,
 ) -> None:
-    channel.in_buffer.feed(b'{"ready": true, "protocol": 1}\n')
+    channel.in_buffer.feed(b'{"ready": 1, "root": "/home/u/.cache/orchestrate/worker-0a"}\n')
     outcome, _ = _construct_in_thread(channel, 0.5)
     assert outcome and isinstance(outcome[0], HelperClient), outcome
+    assert outcome[0].root == "/home/u/.cache/orchestrate/worker-0a"
     assert channel.gettimeout() is None
     time.sleep(0.7)  # past the ready timeout: the reader still waits, the helper is still open
     assert not outcome[0].closed
+
+
+def test_a_helper_that_asks_for_the_worker_package_is_sent_it_on_its_channel(
+    channel: paramiko.Channel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sent: list[bytes] = []
+    monkeypatch.setattr(channel, "sendall", lambda data: sent.append(bytes(data)))
+    channel.in_buffer.feed(b'{"need": 1}\n{"ready": 1, "root": "/c/worker-0a"}\n')
+    outcome, _ = _construct_in_thread(channel, 0.5, payload=lambda: b"PACKAGE")
+    assert outcome and isinstance(outcome[0], HelperClient), outcome
+    assert sent == [b"7\nPACKAGE"] and outcome[0].root == "/c/worker-0a"
+
+
+def test_a_helper_that_cannot_install_the_package_is_reported_in_one_line(
+    channel: paramiko.Channel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(channel, "sendall", lambda data: None)
+    channel.in_buffer.feed(b'{"need": 1}\n')
+    channel.in_buffer.close()  # it exits, having said why on stderr
+    channel.in_stderr_buffer.feed(b"cannot install the worker package: No space left on device\n")
+    channel.in_stderr_buffer.close()
+    outcome, _ = _construct_in_thread(channel, 0.5, payload=lambda: b"PACKAGE")
+    assert outcome and isinstance(outcome[0], TransportError), outcome
+    assert str(outcome[0]) == (
+        "h7: cannot start the worker helper: cannot install the worker package: "
+        "No space left on device"
+    )
 
 
 @pytest.mark.parametrize("garbage", [b"[1]\n", b"not json\n", b'{"id": "x"}\n', b"5\n"])
@@ -411,7 +441,7 @@ def test_a_malformed_helper_reply_fails_the_waiting_call_at_once_naming_the_host
 ) -> None:
     """Regression: a reply that is not a JSON object killed the reader thread and left the call
     waiting for its whole timeout."""
-    channel.in_buffer.feed(b'{"ready": true, "protocol": 1}\n')
+    channel.in_buffer.feed(b'{"ready": 1, "root": "/c/worker-0a"}\n')
     outcome, _ = _construct_in_thread(channel, 0.5)
     assert outcome and isinstance(outcome[0], HelperClient), outcome
     helper = outcome[0]

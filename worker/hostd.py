@@ -1,8 +1,9 @@
 """The host helper: `python -m worker.hostd`, one per host per coordinator connection.
 
-The coordinator starts it once over SSH and then sends it requests as JSON lines on stdin; it
-answers with JSON lines on stdout. Each request then costs one round trip, with no login shell
-start-up and no interpreter start-up on the host (about 80 ms and 40 ms per command otherwise).
+The coordinator starts it once over SSH, from the copy of the worker package it shipped there
+(worker.ship), and then sends it requests as JSON lines on stdin; it answers with JSON lines on
+stdout. Each request then costs one round trip, with no login shell start-up and no
+interpreter start-up on the host (about 80 ms and 40 ms per command otherwise).
 Requests run in threads, so a slow `stop` does not hold up a `probe`. Standard library only.
 
 Operations (`handle`): probe, read_tokens, alive, watch (worker.host_watch), stop, stop_job,
@@ -124,7 +125,9 @@ def serve(stdin: Any = None, stdout: Any = None) -> int:
             stdout.write(data)
             stdout.flush()
 
-    stdout.write(b'{"ready": 1}\n')
+    # Where this helper's worker package is: agents are started from the same copy.
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    stdout.write(json.dumps({"ready": 1, "root": root}).encode() + b"\n")
     stdout.flush()
     for line in stdin:
         if not line.strip():

@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from orchestrator import shipping
 from orchestrator.agents import AgentRef
 from orchestrator.backends.base import Launched, LaunchHooks, LaunchRequest, Sweep
 from orchestrator.backends.capabilities import Capabilities
@@ -30,7 +31,13 @@ from orchestrator.backends.slurm_allocation import (
     one_line,
     submit,
 )
-from orchestrator.backends.slurm_commands import SlurmState, literal_for_pattern, srun_argv
+from orchestrator.backends.slurm_commands import (
+    SlurmState,
+    literal_for_pattern,
+    slurm_task_argv,
+    srun_argv,
+    worker_copies,
+)
 from orchestrator.backends.slurm_step import Hello, Step
 from orchestrator.config import ClusterConfig, SlurmBackend, slurm_node_label
 from orchestrator.errors import LaunchError, OrchestrateError, PreflightError, TransportError
@@ -274,9 +281,14 @@ class SlurmHosts:
             Path(layout.task_dir(i)).mkdir(parents=True, exist_ok=True)
         if self.fresh_run and backend.setup:
             (step_dir / "setup.json").write_text(json.dumps(backend.setup))
+        try:  # every step: a copy pruned meanwhile comes back
+            copy = shipping.copy_under(worker_copies(config))
+        except (OSError, ValueError) as exc:
+            raise LaunchError(f"cannot install the worker package in shared_dir: {exc}") from None
         argv = srun_argv(
             config, self.allocation.id, attempt, str(step_dir),
-            literal_for_pattern(str(Path(layout.root) / "tasks")) + "/%t/agent.log", backend.python,
+            literal_for_pattern(str(Path(layout.root) / "tasks")) + "/%t/agent.log",
+            slurm_task_argv(config, copy),
         )  # fmt: skip
         with open(step_dir / "srun.log", "ab") as log:
             proc = subprocess.Popen(

@@ -9,7 +9,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
+from orchestrator import shipping
 from orchestrator.config import ClusterConfig, SlurmBackend
+from worker import ship
 
 # The batch script only holds the allocation: orchestrate starts every task as a step in it.
 # It ends (COMPLETED) when orchestrate writes the release file, else at the time limit.
@@ -160,16 +162,30 @@ def sbatch_argv(
     return [*argv, "--wrap", shlex.join(["sh", "-c", HOLD_SCRIPT, "hold", release_file])]
 
 
+def worker_copies(config: ClusterConfig) -> str:
+    """Where a Slurm job's nodes find the worker package: copies in the shared directory (the
+    coordinator reaches the nodes through nothing else before a step starts)."""
+    return f"{config.job.shared_dir}/.orchestrate"
+
+
+def slurm_task_argv(config: ClusterConfig, copy: str | None = None) -> list[str]:
+    """[python, COPY/worker, slurm_task]: each task of a step, run from the worker's copy."""
+    assert isinstance(config.backend, SlurmBackend)
+    copy = copy or f"{worker_copies(config)}/{ship.PREFIX}{shipping.digest()}"
+    return shipping.program_argv(config.backend.python, copy, "slurm_task")
+
+
 def srun_argv(
     config: ClusterConfig,
     allocation: str,
     attempt: int,
     step_dir: str,
     agent_logs: str,
-    python: str,
+    program: Sequence[str],
 ) -> list[str]:
     """One attempt's step: one task per worker, block-distributed (a node's tasks are
-    consecutive, as in the plan); a task that dies unexpectedly ends the whole step."""
+    consecutive, as in the plan); a task that dies unexpectedly ends the whole step. `program`
+    runs worker.slurm_task (from the worker package's copy in the shared directory)."""
     backend = config.backend
     assert isinstance(backend, SlurmBackend)
     return [
@@ -184,9 +200,7 @@ def srun_argv(
         "--overlap",  # the batch script that holds the allocation is not a step's business
         f"--output={agent_logs}",
         "--open-mode=append",
-        python,
-        "-m",
-        "worker.slurm_task",
+        *program,
         step_dir,
         str(attempt),
     ]
@@ -235,7 +249,7 @@ def dry_run_lines(config: ClusterConfig) -> list[str]:
     )
     srun = srun_argv(
         config, "<slurm job>", 0, f"{job_dir}/slurm/attempt-0",
-        f"{pattern_dir}/tasks/%t/agent.log", config.backend.python,
+        f"{pattern_dir}/tasks/%t/agent.log", slurm_task_argv(config),
     )  # fmt: skip
     return [
         "(nodes are named by Slurm when the allocation runs)",

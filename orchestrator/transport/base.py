@@ -62,7 +62,12 @@ class Transport(Protocol):
     """What the coordinator may do on one host. Paths are the host's own (POSIX) paths."""
 
     host_label: str
-    python: str  # the host's interpreter that has the worker package
+    python: str  # the host's interpreter (it needs TensorFlow, not this package)
+
+    def worker_argv(self, program: str, *args: str) -> list[str]:
+        """The argv that runs the worker's PROGRAM (worker/__main__.py) on the host, from the
+        copy of this coordinator's worker package that the transport shipped there."""
+        ...
 
     def worker_call(self, op: str, args: dict[str, Any], timeout: float | None = None) -> Any:
         """Run one operation of the worker package's host helper (worker.hostd.handle) on the

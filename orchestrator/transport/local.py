@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from orchestrator import shipping
 from orchestrator.errors import TransportError
 from orchestrator.paths import user_umask
 from orchestrator.transport.base import CommandResult, Observation, ProcessRef, Watching
@@ -30,12 +31,25 @@ class LocalTransport:
                 return hostd.handle(op, args)
             except (OSError, ValueError, KeyError) as exc:
                 raise TransportError(f"{self.host_label}: {op} failed: {exc}") from None
-        code = "import json, sys; from worker.hostd import handle; " \
-               "print(json.dumps(handle(sys.argv[1], json.loads(sys.argv[2]))))"  # fmt: skip
-        result = self.run([self.python, "-c", code, op, json.dumps(args)], timeout=timeout)
+        code = "import json, sys; sys.path.insert(0, sys.argv[1]); " \
+               "from worker.hostd import handle; " \
+               "print(json.dumps(handle(sys.argv[2], json.loads(sys.argv[3]))))"  # fmt: skip
+        argv = [self.python, "-c", code, self._copy(), op, json.dumps(args)]
+        result = self.run(argv, timeout=timeout)
         if not result.ok:
             raise TransportError(f"{self.host_label}: {op} failed: {result.tail()}")
         return json.loads(result.stdout)
+
+    def worker_argv(self, program: str, *args: str) -> list[str]:
+        return shipping.program_argv(self.python, self._copy(), program, *args)
+
+    def _copy(self) -> str:
+        try:
+            return shipping.local_copy()
+        except (OSError, ValueError) as exc:
+            raise TransportError(
+                f"{self.host_label}: cannot install the worker package: {exc}"
+            ) from None
 
     def run(
         self,

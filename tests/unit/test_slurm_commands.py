@@ -140,13 +140,14 @@ def test_the_sbatch_line_holds_the_allocation_and_asks_for_the_end_signal(tmp_pa
 
 def test_the_srun_line_starts_one_task_per_worker_in_the_allocation(tmp_path: Path) -> None:
     cfg = slurm_config(tmp_path, "tasks_per_node = 2")
-    argv = srun_argv(cfg, "17", 3, "/s/attempt-3", "/s/tasks/%t/agent.log", "/venv/python")
+    program = ["/venv/python", "/s/.orchestrate/worker-0123/worker", "slurm_task"]
+    argv = srun_argv(cfg, "17", 3, "/s/attempt-3", "/s/tasks/%t/agent.log", program)
     assert argv[0] == "srun"
     for flag in ("--jobid=17", "--nodes=2", "--ntasks=4", "--ntasks-per-node=2",
                  "--distribution=block", "--kill-on-bad-exit=1",
                  "--output=/s/tasks/%t/agent.log"):  # fmt: skip
         assert flag in argv, flag
-    assert argv[-5:] == ["/venv/python", "-m", "worker.slurm_task", "/s/attempt-3", "3"]
+    assert argv[-5:] == [*program, "/s/attempt-3", "3"]
 
 
 @pytest.mark.parametrize(

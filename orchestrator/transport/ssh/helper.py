@@ -1,12 +1,14 @@
-"""The client of the host helper (`python -m worker.hostd`) on one SSH exec channel: JSON-line
-requests out, replies matched by id, every call with a timeout, starting it too: a host that
-never answers fails with HelperTimeout, naming it, rather than stalling its caller."""
+"""The client of the host helper (worker.hostd) on one SSH exec channel: JSON-line requests
+out, replies matched by id, every call with a timeout, starting it too: a host that never
+answers fails with HelperTimeout, naming it, rather than stalling its caller. A host without
+the worker package's copy asks for it first (worker.ship) and is sent it on the same channel."""
 
 from __future__ import annotations
 
 import json
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import paramiko
@@ -21,15 +23,21 @@ class HelperTimeout(TransportError):
 
 
 class HelperClient:
-    """The host helper (`python -m worker.hostd`) on one exec channel: JSON-line requests out,
-    replies matched by id. Started once per connection."""
+    """The host helper (worker.hostd) on one exec channel: JSON-line requests out, replies
+    matched by id. Started once per connection; `root` is where its worker package is."""
 
     @classmethod
     def start(
-        cls, transport: paramiko.Transport, command: str, label: str, timeout: float
+        cls,
+        transport: paramiko.Transport,
+        command: str,
+        label: str,
+        timeout: float,
+        payload: Callable[[], bytes] = bytes,
     ) -> HelperClient:
-        """Open a channel, run `command` (the helper) on it and wait for its ready line; each
-        step within `timeout`. On any failure the channel is closed."""
+        """Open a channel, run `command` (the helper) on it and wait for its ready line, sending
+        `payload()` if it asks for the worker package first; each step within `timeout`. On any
+        failure the channel is closed."""
         channel = transport.open_session(timeout=timeout)
         expired = threading.Event()
 
@@ -53,11 +61,18 @@ class HelperClient:
                 f"{label}: the worker helper did not start: no reply to the exec request "
                 f"within {timeout:g}s"
             )
-        return cls(channel, label, timeout)
+        return cls(channel, label, timeout, payload)
 
-    def __init__(self, channel: paramiko.Channel, label: str, ready_timeout: float) -> None:
+    def __init__(
+        self,
+        channel: paramiko.Channel,
+        label: str,
+        ready_timeout: float,
+        payload: Callable[[], bytes] = bytes,
+    ) -> None:
         self.channel = channel
         self.label = label
+        self.root = ""
         self._lock = threading.Lock()
         self._next = 0
         self._waiting: dict[int, tuple[threading.Event, list[Any]]] = {}
@@ -66,8 +81,13 @@ class HelperClient:
         self._reader = channel.makefile("rb")
         deadline = time.monotonic() + ready_timeout
         try:
-            channel.settimeout(ready_timeout)  # for this read only: the reader thread waits
+            channel.settimeout(ready_timeout)  # for these reads only: the reader thread waits
             ready = self._reader.readline()
+            if ready.startswith(b'{"need"'):  # no copy of the worker package there yet
+                data = payload()
+                channel.sendall(b"%d\n" % len(data) + data)
+                deadline = time.monotonic() + ready_timeout
+                ready = self._reader.readline()
         except TimeoutError:
             channel.close()
             raise HelperTimeout(
@@ -76,14 +96,16 @@ class HelperClient:
         except BaseException:
             channel.close()
             raise
-        if not ready.startswith(b'{"ready"'):
+        try:
+            self.root = str(json.loads(ready)["root"])
+        except (ValueError, TypeError, KeyError):
             err = _stderr(channel, max(deadline, time.monotonic() + 1.0))
             channel.close()
             detail = " ".join((err or ready.decode(errors="replace")).split())  # one line
             raise TransportError(
-                f"{label}: cannot start the worker helper (is orchestrate installed for the "
-                f"configured python?): {detail[-300:] or 'it exited with no output'}"
-            )
+                f"{label}: cannot start the worker helper: "
+                f"{detail[-300:] or 'it exited with no output'}"
+            ) from None
         channel.settimeout(None)
         threading.Thread(target=self._read, name=f"hostd-{label}", daemon=True).start()
 

@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 import paramiko
 from fabric import Connection
 
+from orchestrator import shipping
 from orchestrator.config import SshBackend, SshHost
 from orchestrator.errors import TransportError
 from orchestrator.transport.base import CommandResult, Observation, ProcessRef, Watching
@@ -269,11 +270,14 @@ class SshTransport:
             if self._helper is None or self._helper.closed:
                 # Bounded: a host that takes the exec request but never says ready raises
                 # HelperTimeout (channel closed); _helper_call then drops the connection.
+                # The helper runs from this coordinator's copy of the worker package on the
+                # host, sent on this channel first if the host lacks it (worker.ship).
                 self._helper = HelperClient.start(
                     self._connect(),
-                    self.command_line([self.python, "-m", "worker.hostd"]),
+                    self.command_line(shipping.helper_argv(self.python)),
                     self.host_label,
                     self.backend.connect_timeout,
+                    shipping.payload,
                 )
             return self._helper
 
@@ -286,6 +290,10 @@ class SshTransport:
             # its own timeout on a dead socket.
             self.close()
             raise
+
+    def worker_argv(self, program: str, *args: str) -> list[str]:
+        copy = self._retrying("starting the worker helper", lambda: self._get_helper().root)
+        return shipping.program_argv(self.python, copy, program, *args)
 
     def worker_call(self, op: str, args: dict[str, Any], timeout: float | None = None) -> Any:
         limit = timeout or self.backend.command_timeout

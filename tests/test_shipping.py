@@ -1,0 +1,133 @@
+"""The worker package shipped, with real processes: a copy in use is never pruned, the SSH
+helper's loader asks for the package once and serves from its copy, and a program runs from a
+copy with nothing installed."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from orchestrator import shipping
+from tests.conftest import as_nobody
+from worker import ship
+
+
+def _copy(root: Path, n: int, age: float) -> str:
+    name = f"worker-{n:020x}"
+    (root / name / "worker").mkdir(parents=True)
+    then = time.time() - age
+    os.utime(root / name, (then, then))
+    return name
+
+
+def test_pruning_keeps_the_newest_the_recent_and_those_in_use(tmp_path: Path) -> None:
+    day = ship.IDLE_BEFORE_PRUNE
+    old = [_copy(tmp_path, n, age=2 * day + n) for n in range(6)]  # old[0] the newest
+    recent = _copy(tmp_path, 99, age=60)
+    (tmp_path / ".tmp-stale").mkdir()
+    os.utime(tmp_path / ".tmp-stale", (time.time() - 7200,) * 2)
+    (tmp_path / ".tmp-fresh").mkdir()
+    # A process of ours whose command line names the oldest copy (as an agent's does).
+    user = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)", str(tmp_path / old[5] / "worker")]
+    )
+    try:
+        ship.prune(str(tmp_path), keep=_copy(tmp_path, 100, age=0))
+    finally:
+        user.kill()
+        user.wait()
+    left = {p.name for p in tmp_path.iterdir()}
+    # Kept: the one installed, the KEEP newest others (the recent one and old[0..1]), the one
+    # in use, and a fresh unpacking.
+    assert left == {f"worker-{100:020x}", recent, old[0], old[1], old[5], ".tmp-fresh"}
+
+
+def _helper(cache: Path) -> subprocess.Popen[bytes]:
+    argv = shipping.helper_argv(sys.executable)
+    env = {**os.environ, "XDG_CACHE_HOME": str(cache)}
+    return subprocess.Popen(
+        argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+        cwd="/",
+    )  # fmt: skip
+
+
+def test_the_helper_stub_asks_for_the_package_once_then_serves_from_its_copy(
+    tmp_path: Path,
+) -> None:
+    copy = tmp_path / "orchestrate" / f"worker-{shipping.digest()}"
+    for asks in (True, False):
+        helper = _helper(tmp_path)
+        assert helper.stdin is not None and helper.stdout is not None
+        if asks:
+            assert json.loads(helper.stdout.readline()) == {"need": 1}
+            payload = shipping.payload()
+            helper.stdin.write(b"%d\n" % len(payload) + payload)
+            helper.stdin.flush()
+        ready = json.loads(helper.stdout.readline())
+        assert ready == {"ready": 1, "root": str(copy)}
+        request = {"id": 7, "op": "alive", "args": {"pids": [helper.pid], "idents": [""]}}
+        helper.stdin.write(json.dumps(request).encode() + b"\n")
+        helper.stdin.flush()
+        assert json.loads(helper.stdout.readline()) == {"id": 7, "ok": True, "result": [helper.pid]}
+        helper.stdin.close()
+        assert helper.wait(30) == 0
+    assert (copy / "worker" / "hostd.py").read_bytes() == (
+        Path(ship.__file__).with_name("hostd.py").read_bytes()
+    )
+
+
+def test_the_helper_stub_given_a_broken_package_says_so_and_installs_nothing(
+    tmp_path: Path,
+) -> None:
+    helper = _helper(tmp_path)
+    out, err = helper.communicate(b"5\nabcde", timeout=30)
+    assert helper.returncode == 1
+    assert out == b'{"need": 1}\n'
+    assert err.decode().startswith("cannot install the worker package: ")
+    assert [p.name for p in (tmp_path / "orchestrate").iterdir()] == []
+
+
+def test_a_program_runs_from_a_copy_with_nothing_installed(tmp_path: Path) -> None:
+    copy = ship.install(str(tmp_path), shipping.digest(), shipping.payload())
+    argv = shipping.program_argv(sys.executable, copy, "proctl")
+    # -I: no site-packages, no PYTHONPATH, no current directory: only the copy has `worker`.
+    run = subprocess.run([argv[0], "-I", *argv[1:]], capture_output=True, text=True, cwd="/")
+    assert run.returncode == 2 and "usage: python -m worker.proctl" in run.stderr
+
+
+def test_caches_another_user_prepared_are_never_used_and_ours_are_closed_to_them(
+    shared_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A second user makes the places our copy would go first (a cache directory open to
+    writes, and our /tmp directory): nothing is installed there, the refusal names both; the
+    copy we do install cannot be read or written by them."""
+    planted = shared_tmp / "their-cache"
+    env = {"PATH": os.environ["PATH"]}
+    for place in (planted, shared_tmp / f"orchestrate-{os.getuid()}"):
+        made = as_nobody(["sh", "-c", f"mkdir -m 777 {place}"], env)
+        assert made.wait(10) == 0, made.stdout.read() if made.stdout else ""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(planted))
+    with pytest.raises(OSError) as refused:
+        ship.install_somewhere(shipping.digest(), shipping.payload())
+    assert (
+        str(refused.value).count("belongs to uid 65534")
+        + str(refused.value).count("not ours alone")
+        == 2
+    ), refused.value
+    assert list(planted.iterdir()) == []
+    assert list((shared_tmp / f"orchestrate-{os.getuid()}").iterdir()) == []
+    # Our own cache: the second user can neither list it nor put a file in it.
+    mine = shared_tmp / "mine"  # open to look into, as a home often is
+    mine.mkdir(mode=0o755)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(mine))
+    copy = ship.install_somewhere(shipping.digest(), shipping.payload())
+    for attempt in (["ls", copy], ["touch", f"{copy}/worker/evil.py"]):
+        tried = as_nobody(attempt, env)
+        assert tried.wait(10) != 0, attempt
+    assert not Path(copy, "worker", "evil.py").exists()

@@ -1,0 +1,142 @@
+"""The worker package shipped to hosts (worker.ship): one copy per digest, installed atomically
+in a directory of ours alone (tests/test_shipping.py has those with processes)."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+import threading
+import zlib
+from pathlib import Path
+
+import pytest
+
+from orchestrator import shipping
+from worker import ship
+
+FILES = [("worker/__init__.py", b"X = 1\n"), ("worker/sub/mod.py", b"Y = 2\n")]
+
+
+def test_the_payload_is_the_same_bytes_every_time_and_unpacks_to_its_files() -> None:
+    assert ship.pack(FILES) == ship.pack(list(FILES))
+    assert ship.unpack(ship.pack(FILES)) == FILES
+    assert ship.digest_of(FILES) != ship.digest_of([(FILES[0][0], b"X = 2\n"), FILES[1]])
+
+
+def test_this_package_is_every_py_file_of_worker_and_no_cache() -> None:
+    names = [name for name, _ in shipping._files()]
+    assert "worker/agent.py" in names and "worker/__main__.py" in names
+    assert "worker/examples/digits.py" in names
+    assert not [n for n in names if "__pycache__" in n or not n.endswith(".py")]
+    assert ship.unpack(shipping.payload()) == list(shipping._files())
+
+
+@pytest.mark.parametrize(
+    "name", ["../evil.py", "/etc/evil.py", "worker/../../evil.py", "other/x.py", "worker//x.py"]
+)
+def test_a_payload_with_an_entry_outside_the_package_is_refused(name: str) -> None:
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w") as tar:
+        info = tarfile.TarInfo(name)
+        info.size = 1
+        tar.addfile(info, io.BytesIO(b"x"))
+    with pytest.raises(ValueError, match="unexpected entry"):
+        ship.unpack(zlib.compress(raw.getvalue()))
+
+
+def test_a_payload_with_a_link_is_refused() -> None:
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w") as tar:
+        info = tarfile.TarInfo("worker/x.py")
+        info.type, info.linkname = tarfile.SYMTYPE, "/etc/passwd"
+        tar.addfile(info)
+    with pytest.raises(ValueError, match="unexpected entry"):
+        ship.unpack(zlib.compress(raw.getvalue()))
+
+
+def test_install_puts_a_private_copy_in_place_and_finds_it_again(tmp_path: Path) -> None:
+    root = tmp_path / "cache" / "orchestrate"
+    digest = ship.digest_of(FILES)
+    copy = Path(ship.install(str(root), digest, ship.pack(FILES)))
+    assert copy == root / f"worker-{digest}"
+    assert (copy / "worker" / "sub" / "mod.py").read_bytes() == b"Y = 2\n"
+    assert oct((copy / "worker" / "sub" / "mod.py").stat().st_mode & 0o777) == "0o600"
+    for directory in (root, copy, copy / "worker"):
+        assert oct(directory.stat().st_mode & 0o777) == "0o700", directory
+    assert ship.installed(str(root), digest) == str(copy)
+    assert [p.name for p in root.iterdir()] == [copy.name]  # no staging left
+
+
+def test_a_payload_that_is_not_its_digest_installs_nothing(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="does not match its digest"):
+        ship.install(str(tmp_path), "0" * 20, ship.pack(FILES))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_installs_racing_for_the_same_copy_all_end_with_it(tmp_path: Path) -> None:
+    digest, payload = ship.digest_of(FILES), ship.pack(FILES)
+    results: list[str] = []
+    errors: list[BaseException] = []
+
+    def install() -> None:
+        try:
+            results.append(ship.install(str(tmp_path), digest, payload))
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=install) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == [] and len(set(results)) == 1 and len(results) == 8
+    assert [p.name for p in tmp_path.iterdir()] == [f"worker-{digest}"]
+
+
+@pytest.mark.parametrize("how", ["open to others", "a link"])
+def test_a_cache_that_is_not_ours_alone_is_never_used(tmp_path: Path, how: str) -> None:
+    digest, payload = ship.digest_of(FILES), ship.pack(FILES)
+    root = tmp_path / "orchestrate"
+    if how == "a link":
+        (tmp_path / "elsewhere").mkdir(mode=0o700)
+        root.symlink_to(tmp_path / "elsewhere")
+    else:
+        root.mkdir()
+        root.chmod(0o777)
+    with pytest.raises(ship.UnsafeCache):
+        ship.install(str(root), digest, payload)
+    with pytest.raises(ship.UnsafeCache):
+        ship.installed(str(root), digest)
+
+
+def test_find_passes_over_an_unsafe_cache_and_install_somewhere_falls_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first, second = tmp_path / "a" / "orchestrate", tmp_path / "b" / "cache"
+    monkeypatch.setattr(ship, "cache_roots", lambda: [str(first), str(second)])
+    first.mkdir(parents=True)
+    first.chmod(0o777)
+    digest = ship.digest_of(FILES)
+    assert ship.find(digest) is None
+    copy = ship.install_somewhere(digest, ship.pack(FILES))
+    assert copy.startswith(str(second)) and ship.find(digest) == copy
+
+
+def test_a_cache_whose_parent_others_may_write_is_passed_over(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whoever may write in a cache's parent could swap the cache between check and use."""
+    shared, private = tmp_path / "shared", tmp_path / "private"
+    shared.mkdir(mode=0o777)
+    shared.chmod(0o777)
+    private.mkdir(mode=0o700)
+    monkeypatch.setattr(
+        ship, "cache_roots", lambda: [str(shared / "orchestrate"), str(private / "orchestrate")]
+    )
+    digest = ship.digest_of(FILES)
+    copy = ship.install_somewhere(digest, ship.pack(FILES))
+    assert copy.startswith(str(private)) and not (shared / "orchestrate").exists()
+    # A copy someone left in the open place is not found either.
+    ship.install(str(shared / "orchestrate"), digest, ship.pack(FILES))
+    (private / "orchestrate" / f"worker-{digest}" / "worker" / "__init__.py").unlink()
+    assert ship.find(digest) == copy

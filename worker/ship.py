@@ -1,0 +1,278 @@
+"""The worker package, shipped: a copy per content digest in a directory of the user's own, so
+that a host needs only Python (and the user's TensorFlow), never orchestrate installed, and
+always runs the very worker code of the coordinator that started it.
+
+A copy lives at `<root>/worker-<DIGEST>/worker/`, where root is `$XDG_CACHE_HOME/orchestrate`
+(default `~/.cache/orchestrate`) on each host, or `<shared_dir>/.orchestrate` on Slurm, whose
+nodes the coordinator reaches only through the shared directory. Installs are atomic (unpacked
+beside, checked against the digest, renamed into place), so hosts sharing a home directory may
+install at once. A directory that is not ours alone (another owner, a link, writable by others)
+is never used. Old copies are pruned: never one a process of ours runs from, nor one of the
+newest KEEP, nor one used within a day.
+
+On an SSH host this file's own source is the first thing to run (see `helper_argv`): it finds
+the copy, or says `{"need": 1}`, reads `SIZE\\n` and that many bytes of .tar.gz from stdin and
+installs them, then serves as the host helper from the copy. Standard library only, and it
+imports nothing of the package it ships (there may be none yet).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import hashlib
+import io
+import os
+import re
+import shutil
+import stat
+import sys
+import tarfile
+import tempfile
+import time
+import zlib
+from typing import BinaryIO
+
+PREFIX = "worker-"
+KEEP = 3  # newest copies kept whatever their age
+IDLE_BEFORE_PRUNE = 86400.0  # seconds a copy must be unused before it may be pruned
+_COPY_NAME = re.compile(PREFIX + r"([0-9a-f]{20})")
+
+
+class UnsafeCache(OSError):
+    """A cache directory that is not ours alone: it is not used."""
+
+
+def cache_roots() -> list[str]:
+    """Where this user's copies may live on this host, in order of preference: the cache
+    directory, else (no writable home) a private directory under the temporary directory."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return [
+        os.path.join(base, "orchestrate"),
+        os.path.join(tempfile.gettempdir(), f"orchestrate-{os.getuid()}", "cache"),
+    ]
+
+
+# --- the package, as the coordinator has it --------------------------------------------------
+def package_files(package_dir: str) -> list[tuple[str, bytes]]:
+    """Every .py file of the package, as ("worker/...", bytes), sorted."""
+    parent = os.path.dirname(os.path.abspath(package_dir))
+    found = []
+    for folder, dirs, names in os.walk(package_dir):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        for name in names:
+            if name.endswith(".py"):
+                path = os.path.join(folder, name)
+                with open(path, "rb") as fh:
+                    found.append((os.path.relpath(path, parent).replace(os.sep, "/"), fh.read()))
+    return sorted(found)
+
+
+def digest_of(files: list[tuple[str, bytes]]) -> str:
+    hasher = hashlib.sha256()
+    for name, data in files:
+        hasher.update(b"%s\0%d\0" % (name.encode(), len(data)) + data)
+    return hasher.hexdigest()[:20]
+
+
+def pack(files: list[tuple[str, bytes]]) -> bytes:
+    """The files as a .tar.gz that is the same bytes every time (no dates, no owners)."""
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name, data in files:
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(data), 0o600
+            tar.addfile(info, io.BytesIO(data))
+    return zlib.compress(raw.getvalue(), 6)
+
+
+def unpack(payload: bytes) -> list[tuple[str, bytes]]:
+    """The files of a payload; ValueError for anything but plain files under `worker/`."""
+    files = []
+    with tarfile.open(fileobj=io.BytesIO(zlib.decompress(payload)), mode="r") as tar:
+        for member in tar.getmembers():
+            parts = member.name.split("/")
+            if not member.isfile() or parts[0] != "worker" or {"", ".", ".."} & set(parts):
+                raise ValueError(f"unexpected entry in the worker package: {member.name!r}")
+            extracted = tar.extractfile(member)
+            assert extracted is not None
+            files.append((member.name, extracted.read()))
+    return sorted(files)
+
+
+# --- copies on this host ---------------------------------------------------------------------
+def _check_ours(path: str) -> None:
+    info = os.lstat(path)
+    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
+        raise UnsafeCache(f"{path} is not a directory (a link or a file put there)")
+    if info.st_uid != os.getuid():
+        raise UnsafeCache(f"{path} belongs to uid {info.st_uid}, not to us ({os.getuid()})")
+    if info.st_mode & 0o022:
+        raise UnsafeCache(f"{path} is writable by others (mode {stat.S_IMODE(info.st_mode):o})")
+
+
+def _private_root(root: str) -> None:
+    missing = []
+    current = root
+    while current and not os.path.isdir(current):
+        missing.append(current)
+        current = os.path.dirname(current)
+    for directory in reversed(missing):
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(directory, 0o700)
+    _check_ours(root)
+
+
+def installed(root: str, digest: str) -> str | None:
+    """The copy's directory (to put on sys.path) if it is there and ours; marks it used."""
+    path = os.path.join(root, PREFIX + digest)
+    try:
+        _check_ours(root)
+        _check_ours(path)
+    except FileNotFoundError:
+        return None
+    with contextlib.suppress(OSError):
+        os.utime(path)
+    return path
+
+
+def install(root: str, digest: str, payload: bytes) -> str:
+    """Unpack the payload as the copy `digest` under root (unless a racing install did first)
+    and return its directory. ValueError when the payload is not that copy."""
+    _private_root(root)
+    final = os.path.join(root, PREFIX + digest)
+    files = unpack(payload)
+    if digest_of(files) != digest:
+        raise ValueError(f"the worker package received does not match its digest {digest}")
+    staging = tempfile.mkdtemp(prefix=".tmp-", dir=root)
+    try:
+        for name, data in files:
+            path = os.path.join(staging, *name.split("/"))
+            os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+        try:
+            os.rename(staging, final)
+        except OSError:
+            if installed(root, digest) is None:  # not a racing install: a real failure
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    prune(root, keep=PREFIX + digest)
+    return final
+
+
+def find(digest: str) -> str | None:
+    """The copy `digest` in the first of cache_roots() that has it, if any."""
+    for root in cache_roots():
+        with contextlib.suppress(OSError):  # an unsafe or unreadable root is passed over
+            _check_parent(root)
+            found = installed(root, digest)
+            if found is not None:
+                return found
+    return None
+
+
+def install_somewhere(digest: str, payload: bytes) -> str:
+    """install() in the first of cache_roots() that works; OSError naming each that did not."""
+    problems = []
+    for root in cache_roots():
+        try:
+            if os.path.isdir(os.path.dirname(root)):
+                _check_parent(root)  # before anything is made in it
+            _private_root(root)
+            _check_parent(root)
+            return install(root, digest, payload)
+        except OSError as exc:
+            problems.append(f"{root}: {exc}")
+    raise OSError("no directory of ours to install the worker package in: " + "; ".join(problems))
+
+
+def _check_parent(root: str) -> None:
+    """A cache's parent (~/.cache, /tmp/orchestrate-UID) is ours and closed to others' writes
+    too: whoever may write there could swap the cache between our check and our use."""
+    parent = os.path.dirname(root)
+    info = os.stat(parent)  # followed: ~/.cache may be the user's own link to another disk
+    if info.st_uid != os.getuid() or info.st_mode & 0o022:
+        raise UnsafeCache(f"{parent} is not ours alone (uid {info.st_uid}, mode "
+                          f"{stat.S_IMODE(info.st_mode):o})")  # fmt: skip
+
+
+def copies_in_use() -> set[str]:
+    """The copies (`worker-<digest>`) named in the command line of a process of ours here."""
+    names: set[str] = set()
+    uid = os.getuid()
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            if os.stat(f"/proc/{pid}").st_uid != uid:
+                continue
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                names.update(_COPY_NAME.findall(fh.read().decode(errors="replace")))
+        except OSError:
+            continue
+    return {PREFIX + digest for digest in names}
+
+
+def prune(root: str, keep: str) -> None:
+    """Remove old copies under root (see the module's docstring) and stale unpackings."""
+    now = time.time()
+    copies = []
+    for entry in os.scandir(root):
+        with contextlib.suppress(OSError):
+            age = now - entry.stat(follow_symlinks=False).st_mtime
+            if entry.name.startswith(".tmp-") and age > 3600:
+                shutil.rmtree(entry.path, ignore_errors=True)
+            elif _COPY_NAME.fullmatch(entry.name) and entry.name != keep:
+                copies.append((age, entry.name))
+    copies.sort()
+    old = [name for age, name in copies[KEEP:] if age > IDLE_BEFORE_PRUNE]
+    if old:
+        busy = copies_in_use()
+        for name in old:
+            if name not in busy:
+                shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+
+
+# --- the SSH host helper, started from a copy ------------------------------------------------
+def helper_argv(python: str, digest: str) -> list[str]:
+    """The command that starts the host helper from the copy `digest` on a host that may have
+    none yet: this file's source, compressed onto one line (login shells differ on newlines)."""
+    with open(os.path.abspath(__file__), "rb") as fh:
+        source = base64.b64encode(zlib.compress(fh.read(), 9)).decode()
+    code = f"import base64,zlib;exec(zlib.decompress(base64.b64decode('{source}')))"
+    return [python, "-c", code, "hostd", PREFIX + digest]
+
+
+def _read_exactly(stream: BinaryIO, size: int) -> bytes:
+    data = bytearray()
+    while len(data) < size:
+        chunk = stream.read(size - len(data))
+        if not chunk:
+            raise ValueError(f"the worker package ended after {len(data)} of {size} bytes")
+        data += chunk
+    return bytes(data)
+
+
+def _serve_helper(digest: str) -> int:
+    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
+    try:
+        path = find(digest)
+        if path is None:
+            stdout.write(b'{"need": 1}\n')
+            stdout.flush()
+            size = int(stdin.readline())
+            path = install_somewhere(digest, _read_exactly(stdin, size))
+    except (OSError, ValueError, tarfile.TarError, zlib.error) as exc:
+        print(f"cannot install the worker package: {exc}", file=sys.stderr)
+        return 1
+    sys.path.insert(0, path)
+    from worker import hostd  # the copy's, now first on sys.path
+
+    return hostd.serve(stdin, stdout)
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["hostd"]:
+    sys.exit(_serve_helper(sys.argv[2].removeprefix(PREFIX)))
