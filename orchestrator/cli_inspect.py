@@ -105,9 +105,15 @@ def tensorboard(
     host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
 ) -> None:
     """Serve TensorBoard on a job's log directory (every task logs to its own run)."""
-    from orchestrator.tensorboard_serve import become_tensorboard, free_port, logdir_of
+    from orchestrator.tensorboard_serve import (
+        become_tensorboard,
+        free_port,
+        logdir_of,
+        require_tensorboard,
+    )
 
     job = Store().get_job(job_ref)
+    require_tensorboard()
     logdir = logdir_of(job)
     port = port or free_port(host)
     echo(f"TensorBoard for job {job.id}: http://{host}:{port}/  (logdir {logdir}; Ctrl-C stops)")

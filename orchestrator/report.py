@@ -5,6 +5,7 @@ resource per task. Written at the end of every job (`$ORCHESTRATE_HOME/jobs/JOB/
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import statistics
@@ -177,11 +178,17 @@ def write_report(store: Store, job: JobRecord, job_home: Path) -> Path:
     resources = store.resource_samples(job.id)
     report = build_report(store, job, job_home, samples, events, resources)
     chart = job_home / "report.png"
-    report["chart"] = {"path": str(chart), "lines": draw_chart(job, samples, events, chart)}
     resource_chart = job_home / "report-resources.png"
-    report["resource_chart"] = {
-        "path": str(resource_chart),
-        "panels": draw_resource_chart(job, resources, events, resource_chart),
-    }
+    if importlib.util.find_spec("matplotlib") is None:  # a coordinator installed without it
+        why = "matplotlib is not installed here: pip install 'orchestrate[report]'"
+        report["chart"] = {"path": None, "lines": [], "not_drawn": why}
+        report["resource_chart"] = {"path": None, "panels": [], "not_drawn": why}
+    else:
+        lines = draw_chart(job, samples, events, chart)
+        report["chart"] = {"path": str(chart), "lines": lines}
+        report["resource_chart"] = {
+            "path": str(resource_chart),
+            "panels": draw_resource_chart(job, resources, events, resource_chart),
+        }
     (job_home / "report.json").write_text(json.dumps(report, indent=2))
-    return chart
+    return job_home / "report.json" if report["chart"]["path"] is None else chart

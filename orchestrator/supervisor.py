@@ -375,8 +375,9 @@ class Supervisor:
             timeout=300,
             check=False,
         )
-        if report.returncode == 0:
-            self.sink.info(f"run report: {report_png(self.job.id)}")
+        if report.returncode == 0:  # no chart where matplotlib is not installed: the JSON
+            png = report_png(self.job.id)
+            self.sink.info(f"run report: {png if png.exists() else png.with_name('report.json')}")
         else:
             detail = report.stderr.decode(errors="replace").strip()[-300:]
             self.store.add_event(self.job.id, "report_failed", detail)

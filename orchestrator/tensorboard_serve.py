@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import socket
 import sys
@@ -29,6 +30,14 @@ def free_port(host: str) -> int:
     with socket.socket() as probe:
         probe.bind((host, 0))
         return int(probe.getsockname()[1])
+
+
+def require_tensorboard() -> None:
+    """A coordinator installed without the `tensorboard` extra says so, in one line."""
+    if importlib.util.find_spec("tensorboard") is None:
+        raise UsageError(
+            "TensorBoard is not installed for this Python: pip install 'orchestrate[tensorboard]'"
+        )
 
 
 def become_tensorboard(logdir: Path, host: str, port: int) -> NoReturn:

@@ -314,7 +314,8 @@ def render_report(data: dict[str, Any]) -> None:
         _write(f"stacks: {stacks}")
     if data["metrics"]:
         _write("metrics: " + ", ".join(f"{k}={v}" for k, v in data["metrics"].items()))
-    _write(f"chart: {data['chart']['path']}")
+    chart = data["chart"]
+    _write(f"chart: {chart['path'] or 'not drawn: ' + chart.get('not_drawn', '')}")
     if data.get("resource_chart", {}).get("panels"):
         _write(f"resources: {data['resource_chart']['path']}")
 
