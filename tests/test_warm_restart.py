@@ -114,3 +114,51 @@ def test_a_standby_killed_before_the_restart_is_replaced_and_the_restart_is_stil
     _kill_a_trainer_and_finish(tmp_path, cli, job_id, reap_pids)
     log = _log(tmp_path, job_id, 0)
     assert f"warm start: the standby (pid {second}) runs the entrypoint" in log, log
+
+
+def test_a_script_that_sets_import_time_variables_itself_is_started_over_cold(
+    tmp_path: Path, cli: Callable[..., CliResult], reap_pids: list[int]
+) -> None:
+    """The script sets TF_CPP_MIN_LOG_LEVEL and TF_ENABLE_ONEDNN_OPTS before its own `import
+    tensorflow`; a warm trainer had imported TensorFlow without them. At the script's import it
+    starts over cold in the same process, says so, and the task's later attempts start cold:
+    every run of the script that goes on to train imported TensorFlow after its variables."""
+    config = _config(tmp_path)
+    config.write_text(config.read_text().replace(
+        'SHOW_STARTUP = "1" }',
+        'SHOW_STARTUP = "1", SET_BEFORE_IMPORT = "TF_CPP_MIN_LOG_LEVEL=3,TF_ENABLE_ONEDNN_OPTS=0" }',
+    ))  # fmt: skip
+    job_id = launch_detached(cli, config, reap_pids)
+    ready = wait_for(lambda: (s := _standbys(tmp_path, job_id)) and all(s.values()) and s, 240)
+    assert isinstance(ready, dict)
+    reap_pids.extend(pid for pids in ready.values() for pid in pids)
+    first = job_view(cli, job_id)
+    reap_pids.extend(t["pid"] for t in first["tasks"] if t["pid"])
+    os.kill(first["tasks"][1]["pid"], signal.SIGKILL)
+    # Attempt 1 trains (its trainers, started over cold, past an epoch), then a second kill.
+    second = wait_for(
+        lambda: (j := job_view(cli, job_id))["restarts"] == 1
+        and all(t["state"] == "running" and t["epoch"] >= t["initial_epoch"] + 1 for t in j["tasks"])
+        and j,
+        240,
+    )  # fmt: skip
+    assert isinstance(second, dict)
+    reap_pids.extend(t["pid"] for t in second["tasks"] if t["pid"])
+    os.kill(second["tasks"][0]["pid"], signal.SIGKILL)
+    job = wait_for_end(cli, job_id, timeout=300)
+    assert job["state"] == "succeeded" and job["restarts"] == 2, job["last_cause"]
+    for i in (0, 1):
+        log = _log(tmp_path, job_id, i)
+        runs = [(s["attempt"], s["tf_imported"]) for s in _startups(log)]
+        # Cold; warm, then started over cold in the same process; cold again.
+        assert runs == [("0", False), ("1", True), ("1", False), ("2", False)], runs
+        assert (
+            "orchestrate: the script sets TF_CPP_MIN_LOG_LEVEL, TF_ENABLE_ONEDNN_OPTS before "
+            "importing TensorFlow, which this warm trainer had imported already: starting over "
+            "cold" in log
+        )
+        reason = "the script sets TF_CPP_MIN_LOG_LEVEL,TF_ENABLE_ONEDNN_OPTS before importing"
+        assert f"no warm standby on this host: {reason}" in log
+        assert f"cold start: {reason}" in log
+        assert log.count("warm start: the standby") == 1
+    wait_for(lambda: not job_processes(job_id), 15)

@@ -9,6 +9,7 @@ forwards SIGTERM (grace, then SIGKILL), and the trainer never outlives it (PR_SE
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import signal
@@ -42,14 +43,7 @@ from worker.spec import (
     write_json_atomic,
 )
 from worker.tb_events import EventWriter
-from worker.warm import (
-    KeeperLink,
-    WarmTrainer,
-    fingerprint,
-    room_for_standby,
-    standby_env,
-    start_keeper,
-)
+from worker.warm import KeeperLink, WarmTrainer, fingerprint, prepare_standby, undone_reason
 
 FINAL_STATUS_PATIENCE = 30.0  # seconds to keep trying to write the final status
 MAX_PROGRESS_BYTES = 64 << 10  # the progress file a trainer writes: well over what we write
@@ -172,7 +166,10 @@ class Agent:
         """This attempt's trainer from the task's standby, when a keeper has a matching one
         ready; None: start cold (and say why, when a keeper was there)."""
         spec = self.spec
-        if not spec.warm_restart or not spec.instrument:
+        undone = undone_reason(str(spec.layout.task_dir(spec.task_index)))
+        if undone:
+            _note(log, f"cold start: {undone}")
+        if not spec.warm_restart or not spec.instrument or undone:
             return None
         link, problem = KeeperLink.connect(spec.job_id, spec.task_index, self._standby_ready)
         if link is None:
@@ -194,32 +191,12 @@ class Agent:
         return trainer
 
     def _prepare_standby(self) -> None:
-        """Once this attempt trains, have the keeper (started if need be) import TensorFlow in
-        a standby for the next attempt."""
+        """Once this attempt trains, have the keeper prepare a standby for the next attempt."""
         self._standby_asked = True
+        note = functools.partial(_note, self._log)
         spec = self.spec
-        short = room_for_standby()
-        if short:
-            _note(self._log, f"no warm standby on this host: {short}")
-            return
-        if self._keeper is None:
-            standby_log = str(spec.layout.task_dir(spec.task_index) / "standby.log")
-            self._keeper, problem = start_keeper(spec.job_id, spec.task_index,
-                                                 spec.standby_linger, standby_log,
-                                                 self._standby_ready)  # fmt: skip
-            if self._keeper is None:
-                _note(self._log, f"no warm standby: {problem}")
-                return
-        python = spec.argv[0]
-        env = trainer_env(spec)
-        self._keeper.request(
-            {
-                "op": "prepare",
-                "fingerprint": fingerprint(env, python, spec.env),
-                "env": standby_env(env),
-                "python": python,
-            }
-        )
+        self._keeper = prepare_standby(spec, trainer_env(spec), self._keeper, note,
+                                       self._standby_ready)  # fmt: skip
 
     def _standby_ready(self, pid: int, rss: int) -> None:
         _note(self._log, f"warm standby ready for a restart: pid {pid}, RSS {rss >> 20} MB")

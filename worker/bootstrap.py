@@ -30,8 +30,9 @@ import runpy
 import signal
 import types
 from types import TracebackType
+from typing import Any
 
-from worker import progress, stacks
+from worker import import_env, progress, stacks
 from worker.instrument import Instrumentation
 from worker.spec import ENV_ATTEMPT, ENV_TASK_DIR, Phase
 
@@ -206,7 +207,18 @@ def standby(control_fd: int) -> None:
     os.dup2(log, 2)
     os.close(log)
     sys.argv = [sys.argv[0], *order["target"]]
+    import_env.watch(order["env"], lambda names: _start_cold(names, order))
     main()
+
+
+def _start_cold(names: list[str], order: dict[str, Any]) -> None:
+    """The script set an import-time variable itself (worker.import_env): become a fresh
+    interpreter running it cold, as the agent would have started it (same pid, same log)."""
+    import_env.mark_undone(names)
+    sys.stdout.flush()
+    env = {**order["env"], import_env.ENV_UNDONE: ",".join(names)}
+    argv = [sys.executable, os.path.abspath(__file__), *order["target"]]
+    os.execve(sys.executable, argv, env)
 
 
 if __name__ == "__main__":

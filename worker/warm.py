@@ -20,22 +20,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from worker.spec import ENV_ATTEMPT, ENV_JOB_ID
+from worker.import_env import PER_ATTEMPT, import_relevant, undone_reason
+from worker.spec import ENV_JOB_ID, WorkerSpec
 from worker.standby import socket_path
 
 STANDBY = str(Path(__file__).resolve().with_name("standby.py"))
-# What differs between attempts and is given only at activation.
-_PER_ATTEMPT = frozenset({"TF_CONFIG", ENV_ATTEMPT})
-# Inherited variables that change what importing TensorFlow does; the rest (SSH_CLIENT, ...)
-# may differ from one agent to the next without making a standby stale.
-_IMPORT_PREFIXES = ("PATH", "LD_", "PYTHON", "CUDA", "TF_", "XLA", "OMP_", "MKL", "NCCL",
-                    "KMP_", "VIRTUAL_ENV", "ORCHESTRATE_")  # fmt: skip
 STANDBY_ESTIMATE = 800 << 20  # bytes a standby needs, about (TensorFlow and tf-keras imported)
 REPLY_TIMEOUT = 10.0
 
 
 def standby_env(trainer_env: dict[str, str]) -> dict[str, str]:
-    return {k: v for k, v in trainer_env.items() if k not in _PER_ATTEMPT}
+    return {k: v for k, v in trainer_env.items() if k not in PER_ATTEMPT}
 
 
 def fingerprint(trainer_env: dict[str, str], python: str, user_env: dict[str, str]) -> str:
@@ -47,9 +42,7 @@ def fingerprint(trainer_env: dict[str, str], python: str, user_env: dict[str, st
     except OSError:
         binary = python
     relevant = {
-        k: v
-        for k, v in standby_env(trainer_env).items()
-        if k in user_env or k.startswith(_IMPORT_PREFIXES)
+        k: v for k, v in standby_env(trainer_env).items() if k in user_env or import_relevant(k)
     }
     blob = json.dumps([binary, sorted(relevant.items())])
     return hashlib.sha256(blob.encode()).hexdigest()[:32]
@@ -238,6 +231,33 @@ def verify_trainer(pid: object, keeper_pid: int, job_id: str) -> str:
     if f"{ENV_JOB_ID}={job_id}".encode() not in environ:
         return f"the keeper named pid {pid}, which is not of this job"
     return ""
+
+
+def prepare_standby(
+    spec: WorkerSpec,
+    env: dict[str, str],
+    keeper: KeeperLink | None,
+    note: Callable[[str], None],
+    ready: Callable[[int, int], None],
+) -> KeeperLink | None:
+    """Have the task's keeper (started if need be) import TensorFlow in a standby for the
+    next attempt, under the trainer's environment `env`; returns the keeper (`note` says why
+    there is no standby)."""
+    task_dir = str(spec.layout.task_dir(spec.task_index))
+    short = room_for_standby() or undone_reason(task_dir)
+    if short:
+        note(f"no warm standby on this host: {short}")
+        return keeper
+    if keeper is None:
+        keeper, problem = start_keeper(spec.job_id, spec.task_index, spec.standby_linger,
+                                       f"{task_dir}/standby.log", ready)  # fmt: skip
+        if keeper is None:
+            note(f"no warm standby: {problem}")
+            return None
+    python = spec.argv[0]
+    keeper.request({"op": "prepare", "fingerprint": fingerprint(env, python, spec.env),
+                    "env": standby_env(env), "python": python})  # fmt: skip
+    return keeper
 
 
 def start_keeper(

@@ -1,0 +1,77 @@
+"""worker.import_env: which variables matter to TensorFlow's import, and the one look at the
+script's first import of it (a stand-in module name here: importing TensorFlow takes seconds)."""
+
+from __future__ import annotations
+
+import builtins
+import os
+from pathlib import Path
+
+import pytest
+
+from worker import import_env
+
+
+def test_only_import_time_variables_count_and_not_the_per_attempt_ones() -> None:
+    before = {"TF_CPP_MIN_LOG_LEVEL": "2", "TF_CONFIG": "{}", "HOME": "/h", "XLA_FLAGS": "-a"}
+    now = {"TF_CPP_MIN_LOG_LEVEL": "3", "TF_CONFIG": "{...}", "HOME": "/x",
+           "CUDA_VISIBLE_DEVICES": "", "ORCHESTRATE_ATTEMPT": "4"}  # fmt: skip
+    assert import_env.changed(before, now) == [
+        "CUDA_VISIBLE_DEVICES",
+        "TF_CPP_MIN_LOG_LEVEL",
+        "XLA_FLAGS",
+    ]
+    assert import_env.changed(before, dict(before)) == []
+
+
+@pytest.fixture
+def watched(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+    """import_env.watch with `json` standing for tensorflow; what start_cold was told."""
+    monkeypatch.setattr(import_env, "WATCHED", frozenset({"json"}))
+    monkeypatch.setattr(builtins, "__import__", builtins.__import__)  # restored afterwards
+    calls: list[list[str]] = []
+    monkeypatch.setenv("TF_ENABLE_ONEDNN_OPTS", "1")
+    import_env.watch(dict(os.environ), calls.append)  # the activation's environment
+    return calls
+
+
+def _import_from(importer: str, monkeypatch: pytest.MonkeyPatch, **env: str) -> None:
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    exec("import json", {"__name__": importer})
+
+
+def test_the_scripts_import_after_it_set_a_variable_starts_over_cold(
+    watched: list[list[str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _import_from("__main__", monkeypatch, TF_ENABLE_ONEDNN_OPTS="0")
+    assert watched == [["TF_ENABLE_ONEDNN_OPTS"]]
+
+
+def test_imports_by_the_package_itself_or_by_ours_are_not_the_scripts(
+    watched: list[list[str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for importer in ("json.decoder", "worker.instrument"):
+        _import_from(importer, monkeypatch, TF_ENABLE_ONEDNN_OPTS="0")
+    assert watched == []
+    assert builtins.__import__.__name__ == "checking"  # still watching for the script's
+
+
+def test_one_look_only_and_nothing_when_nothing_changed(
+    watched: list[list[str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _import_from("train", monkeypatch, TF_ENABLE_ONEDNN_OPTS="1")  # a helper module of it
+    assert watched == []
+    assert builtins.__import__.__name__ == "__import__"  # unwrapped: steady state costs nothing
+    _import_from("__main__", monkeypatch, TF_ENABLE_ONEDNN_OPTS="0")
+    assert watched == []
+
+
+def test_the_reason_a_task_starts_cold_shows_the_trainers_names_cut_and_printable(
+    tmp_path: Path,
+) -> None:
+    assert import_env.undone_reason(str(tmp_path)) == ""
+    (tmp_path / import_env.UNDONE_FILE).write_text("TF_X\x1b[2J," + "A" * 500)
+    reason = import_env.undone_reason(str(tmp_path))
+    assert reason.startswith("the script sets TF_X?[2J,AAA") and "\x1b" not in reason
+    assert len(reason) < 260

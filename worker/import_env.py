@@ -1,0 +1,80 @@
+"""A warm trainer imported TensorFlow before the script ran, under the task's environment. A
+script that sets a variable TensorFlow reads when it is imported (TF_CPP_MIN_LOG_LEVEL,
+CUDA_VISIBLE_DEVICES, TF_ENABLE_ONEDNN_OPTS, XLA_FLAGS, ...) before its own `import
+tensorflow` would not get what it asked for. So the warm trainer watches the script's first
+import of TensorFlow (or Keras): if such a variable changed since the activation, it starts
+over cold, in the same process (exec: the same pid, a fresh interpreter, the activation's
+environment), writes `warm-undone` in the task's directory so that the task's later attempts
+start cold, and says so. Standard library only."""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import os
+import sys
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from worker.spec import ENV_ATTEMPT, ENV_TASK_DIR
+
+# Inherited variables that change what importing TensorFlow does (also what a standby's
+# fingerprint covers); TF_CONFIG and the attempt are read later, and differ every attempt.
+IMPORT_PREFIXES = ("PATH", "LD_", "PYTHON", "CUDA", "TF_", "XLA", "OMP_", "MKL", "NCCL",
+                   "KMP_", "VIRTUAL_ENV", "ORCHESTRATE_")  # fmt: skip
+PER_ATTEMPT = frozenset({"TF_CONFIG", ENV_ATTEMPT})
+WATCHED = frozenset({"tensorflow", "tf_keras", "keras"})
+UNDONE_FILE = "warm-undone"
+ENV_UNDONE = "ORCHESTRATE_WARM_UNDONE"  # set in the cold start that follows: what changed
+
+
+def import_relevant(name: str) -> bool:
+    return name.startswith(IMPORT_PREFIXES) and name not in PER_ATTEMPT
+
+
+def changed(before: Mapping[str, str], now: Mapping[str, str]) -> list[str]:
+    """The import-relevant variables that differ (set, changed or removed)."""
+    names = {k for k in (*before, *now) if import_relevant(k)}
+    return sorted(k for k in names if before.get(k) != now.get(k))
+
+
+def watch(activation_env: Mapping[str, str], start_cold: Callable[[list[str]], None]) -> None:
+    """Until the script first imports TensorFlow or Keras: then compare, and call start_cold
+    (which does not return) with what changed. Imports by TensorFlow itself or by us pass."""
+    real = builtins.__import__
+
+    def checking(name: str, globals: Any = None, *args: Any, **kwargs: Any) -> Any:
+        importer = str((globals or {}).get("__name__", ""))
+        top = importer.partition(".")[0]
+        if name.partition(".")[0] in WATCHED and top not in WATCHED and top != "worker":
+            builtins.__import__ = real  # one look: steady training pays nothing
+            differs = changed(activation_env, os.environ)
+            if differs:
+                start_cold(differs)
+        return real(name, globals, *args, **kwargs)
+
+    builtins.__import__ = checking
+
+
+def mark_undone(names: list[str]) -> None:
+    """Tell the task's later attempts (worker.warm.undone_reason) and the log."""
+    print(f"orchestrate: the script sets {', '.join(names)} before importing TensorFlow, which "
+          "this warm trainer had imported already: starting over cold (this task's next "
+          "attempts start cold too)", file=sys.stderr, flush=True)  # fmt: skip
+    task_dir = os.environ.get(ENV_TASK_DIR)
+    if task_dir:
+        with contextlib.suppress(OSError), open(os.path.join(task_dir, UNDONE_FILE), "w") as fh:
+            fh.write(",".join(names) + "\n")
+
+
+def undone_reason(task_dir: str) -> str:
+    """Why this task's trainers start cold ('' when they may start warm): a script of this
+    task set import-time variables itself. The names are the trainer's: shown cut and
+    printable."""
+    try:
+        with open(os.path.join(task_dir, UNDONE_FILE), errors="replace") as fh:
+            names = fh.read(200).strip()
+    except OSError:
+        return ""
+    shown = "".join(c if c.isprintable() else "?" for c in names) or "a variable"
+    return f"the script sets {shown} before importing TensorFlow"
