@@ -13,6 +13,7 @@ root for the namespaced test bed; without it they are reported as skipped, with 
 | P1 | launch fan-out to every agent running, 1/4/16 SSH hosts | threads + paramiko, 1 exec/host |
 | P2 | `launch` to the first training step, 2 local workers | workers started by hand |
 | P3 | steady training throughput (middle epochs) | the same hand-started workers |
+| P3c | CPU of our processes beside the trainers, standbys ready | the trainers' own CPU |
 | P4 | trainer SIGKILLed -> supervisor begins stopping | TensorFlow's own: the survivor exits |
 | P5 | trainer SIGKILLed -> training resumed | a hand-started cold start, same round |
 | P6 | `orchestrate status`, 20 jobs x 16 tasks in the store | - |
@@ -53,6 +54,7 @@ from bench_measure import (  # noqa: E402
     plain_run,
     raw_run,
 )
+from bench_overhead import cpu_shares  # noqa: E402
 from bench_rows import Row, run_meta, write_results  # noqa: E402
 from bench_slurm import rows as slurm_row_defs  # noqa: E402
 from bench_slurm import slurm_rows  # noqa: E402
@@ -92,6 +94,14 @@ def run_suite(quick: bool) -> list[Row]:
             target_ratio=0.98,
             baseline_label="the same hand-started workers",
             target=">= 0.98x raw",
+        ),
+        "P3c": Row(
+            "P3c",
+            "CPU of ours beside the trainers, steady training, every default on",
+            "cores",
+            target_value=0.02,
+            baseline_label="the trainers' own CPU",
+            target="<= 0.02 cores (1 % of this 2-core host)",
         ),
         "P4": Row(
             "P4",
@@ -161,6 +171,19 @@ def run_suite(quick: bool) -> list[Row]:
             rows["P2"].values.append(ours["first_step"])
             rows["P3"].baseline.append(raw["throughput"])
             rows["P3"].values.append(ours["throughput"])
+        print("P3c CPU of our processes beside the trainers ...", flush=True)
+        importing = []
+        for _ in range(repeat):
+            shares = cpu_shares(root, home, 60)
+            ready, busy = shares["standbys_ready"], shares["standbys_importing"]
+            rows["P3c"].values.append(sum(v for k, v in ready.items() if k != "trainer"))
+            rows["P3c"].baseline.append(ready.get("trainer", 0.0))
+            importing.append((busy.get("standby", 0.0), busy.get("trainer", 0.0)))
+        rows["P3c"].note = (
+            "once both standbys are ready (agents, keepers, supervisor); while they import "
+            "TensorFlow (once per job and after each warm restart, at idle priority), standbys/"
+            "trainers in cores: " + ", ".join(f"{a:.2f}/{b:.2f}" for a, b in importing)
+        )
         print("P9 plain fit script with and without the bootstrap, alternating ...", flush=True)
         for _ in range(pairs):
             rows["P9"].baseline.append(plain_run(root, home, epochs, instrument=False))

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 # The order rows are listed in, whichever script measured them.
-ORDER = ["P1", "P2", "P3", "P4", "P5", "P6", "P7a", "P7b", "P8", "P9", "P9b", "P10", "P11",
+ORDER = ["P1", "P2", "P3", "P3c", "P4", "P5", "P6", "P7a", "P7b", "P8", "P9", "P9b", "P10", "P11",
          "P12", "P13", "P14", "P14b"]  # fmt: skip
 README_BEGIN = "<!-- bench-table: generated from docs/bench/results.json; do not edit -->"
 README_END = "<!-- /bench-table -->"
@@ -105,7 +105,8 @@ class Row:
         if self.met is None:
             return "-"
         word = "yes" if self.met else "**no**"
-        return f"{word} (within noise)" if self.within_noise else word
+        # Rounds on both sides of the target: this run does not resolve it, and says so.
+        return f"within noise (median: {word})" if self.within_noise else word
 
     def to_json(self) -> dict[str, object]:
         data = asdict(self)

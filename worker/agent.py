@@ -21,7 +21,7 @@ from pathlib import Path
 from types import FrameType
 from typing import BinaryIO
 
-from worker import stacks
+from worker import ship, stacks
 from worker.children import BOOTSTRAP, die_with_parent, exit_waiter
 from worker.contact import cut_off, forget, peer_endpoints
 from worker.proctl import not_nested
@@ -74,6 +74,11 @@ def trainer_env(spec: WorkerSpec) -> dict[str, str]:
         }
     )
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+    copy = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
+    if not spec.instrument and os.path.basename(copy).startswith(ship.PREFIX):
+        # No bootstrap to put the shipped package on the path: `-m worker.examples...` and
+        # `from worker import runtime` find it as where orchestrate is installed.
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [env.get("PYTHONPATH"), copy]))
     if not spec.sample_resources:
         env[ENV_TIME_WAITS] = "0"
     return env

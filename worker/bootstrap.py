@@ -214,11 +214,22 @@ def standby(control_fd: int) -> None:
 def _start_cold(names: list[str], order: dict[str, Any]) -> None:
     """The script set an import-time variable itself (worker.import_env): become a fresh
     interpreter running it cold, as the agent would have started it (same pid, same log)."""
+    if progress.shared().current.phase not in (Phase.NONE, Phase.STARTING, Phase.IMPORTED):
+        # Past the strategy's rendezvous a restart would cost the peers theirs: warn only.
+        late = f"orchestrate: the script set {', '.join(names)} before importing TensorFlow, "
+        print(late + "after this warm trainer had; it goes on warm", file=sys.stderr, flush=True)
+        return
     import_env.mark_undone(names)
     sys.stdout.flush()
     env = {**order["env"], import_env.ENV_UNDONE: ",".join(names)}
     argv = [sys.executable, os.path.abspath(__file__), *order["target"]]
-    os.execve(sys.executable, argv, env)
+    try:
+        os.execve(sys.executable, argv, env)
+    except OSError as exc:
+        with contextlib.suppress(OSError):  # the task's next attempts may be warm again
+            os.unlink(os.path.join(os.environ.get(ENV_TASK_DIR, ""), import_env.UNDONE_FILE))
+        print(f"orchestrate: could not start over cold ({exc}): it goes on warm",
+              file=sys.stderr, flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -126,7 +126,7 @@ def serve(stdin: Any = None, stdout: Any = None) -> int:
             stdout.flush()
 
     # Where this helper's worker package is: agents are started from the same copy.
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
     stdout.write(json.dumps({"ready": 1, "root": root}).encode() + b"\n")
     stdout.flush()
     for line in stdin:

@@ -23,7 +23,16 @@ from worker.spec import ENV_ATTEMPT, ENV_TASK_DIR
 IMPORT_PREFIXES = ("PATH", "LD_", "PYTHON", "CUDA", "TF_", "XLA", "OMP_", "MKL", "NCCL",
                    "KMP_", "VIRTUAL_ENV", "ORCHESTRATE_")  # fmt: skip
 PER_ATTEMPT = frozenset({"TF_CONFIG", ENV_ATTEMPT})
+# What a script may set before its import that the import itself reads. PATH, LD_* and PYTHON*
+# are read when the interpreter starts, cold or warm: a script setting them changes neither.
+SCRIPT_PREFIXES = ("TF_", "CUDA", "XLA", "OMP_", "MKL", "KMP_", "NCCL")
+# Read later (devices, the first op, a strategy): they take effect in a warm trainer too.
+READ_LATER = frozenset({"TF_CONFIG", "TF_FORCE_GPU_ALLOW_GROWTH", "TF_GPU_ALLOCATOR",
+                        "TF_DETERMINISTIC_OPS", "TF_CUDNN_DETERMINISTIC",
+                        "TF_NUM_INTEROP_THREADS", "TF_NUM_INTRAOP_THREADS"})  # fmt: skip
 WATCHED = frozenset({"tensorflow", "tf_keras", "keras"})
+# Our own modules that import TensorFlow for the instrumentation (not for the script).
+OURS = frozenset({"worker.instrument", "worker.wait_clock", "worker.callbacks"})
 UNDONE_FILE = "warm-undone"
 ENV_UNDONE = "ORCHESTRATE_WARM_UNDONE"  # set in the cold start that follows: what changed
 
@@ -33,21 +42,30 @@ def import_relevant(name: str) -> bool:
 
 
 def changed(before: Mapping[str, str], now: Mapping[str, str]) -> list[str]:
-    """The import-relevant variables that differ (set, changed or removed)."""
-    names = {k for k in (*before, *now) if import_relevant(k)}
+    """The variables a script may set that TensorFlow's import reads, and that differ."""
+    names = {k for k in (*before, *now) if k.startswith(SCRIPT_PREFIXES) and k not in READ_LATER}
     return sorted(k for k in names if before.get(k) != now.get(k))
 
 
 def watch(activation_env: Mapping[str, str], start_cold: Callable[[list[str]], None]) -> None:
-    """Until the script first imports TensorFlow or Keras: then compare, and call start_cold
-    (which does not return) with what changed. Imports by TensorFlow itself or by us pass."""
+    """Until the script first imports TensorFlow or Keras (itself, or through any module of
+    its own or ours that it calls, such as worker.runtime): then compare, and call start_cold
+    with what changed. Imports by TensorFlow itself or by our instrumentation pass."""
     real = builtins.__import__
+    looked = False
 
     def checking(name: str, globals: Any = None, *args: Any, **kwargs: Any) -> Any:
+        nonlocal looked
         importer = str((globals or {}).get("__name__", ""))
-        top = importer.partition(".")[0]
-        if name.partition(".")[0] in WATCHED and top not in WATCHED and top != "worker":
-            builtins.__import__ = real  # one look: steady training pays nothing
+        if (
+            not looked
+            and name.partition(".")[0] in WATCHED
+            and importer.partition(".")[0] not in WATCHED
+            and importer not in OURS
+        ):
+            looked = True
+            if builtins.__import__ is checking:  # one look: steady training pays nothing
+                builtins.__import__ = real
             differs = changed(activation_env, os.environ)
             if differs:
                 start_cold(differs)

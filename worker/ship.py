@@ -8,7 +8,7 @@ nodes the coordinator reaches only through the shared directory. Installs are at
 beside, checked against the digest, renamed into place), so hosts sharing a home directory may
 install at once. A directory that is not ours alone (another owner, a link, writable by others)
 is never used. Old copies are pruned: never one a process of ours runs from, nor one of the
-newest KEEP, nor one used within a day.
+newest KEEP, nor one used within a day (the programs running from a copy renew it hourly).
 
 On an SSH host this file's own source is the first thing to run (see `helper_argv`): it finds
 the copy, or says `{"need": 1}`, reads `SIZE\\n` and that many bytes of .tar.gz from stdin and
@@ -29,6 +29,7 @@ import stat
 import sys
 import tarfile
 import tempfile
+import threading
 import time
 import zlib
 from typing import BinaryIO
@@ -131,9 +132,15 @@ def installed(root: str, digest: str) -> str | None:
         _check_ours(path)
     except FileNotFoundError:
         return None
+    mark_used(path)
+    return os.path.realpath(path)  # what runs from it never goes through a link again
+
+
+def mark_used(copy: str) -> None:
+    """A copy in use is not pruned: its time is renewed at each use, and hourly by the
+    programs running from it (a job's hosts may all be others than the pruning one's)."""
     with contextlib.suppress(OSError):
-        os.utime(path)
-    return path
+        os.utime(copy)
 
 
 def install(root: str, digest: str, payload: bytes) -> str:
@@ -160,7 +167,7 @@ def install(root: str, digest: str, payload: bytes) -> str:
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     prune(root, keep=PREFIX + digest)
-    return final
+    return os.path.realpath(final)
 
 
 def find(digest: str) -> str | None:
@@ -193,7 +200,14 @@ def _check_parent(root: str) -> None:
     """A cache's parent (~/.cache, /tmp/orchestrate-UID) is ours and closed to others' writes
     too: whoever may write there could swap the cache between our check and our use."""
     parent = os.path.dirname(root)
-    info = os.stat(parent)  # followed: ~/.cache may be the user's own link to another disk
+    info = os.lstat(parent)
+    if stat.S_ISLNK(info.st_mode):
+        # ~/.cache may be the user's own link to another disk; a link in a directory others
+        # may write (/tmp) may be theirs, and be pointed elsewhere once we have checked.
+        above = os.stat(os.path.dirname(parent))
+        if above.st_mode & 0o022 or above.st_uid not in (0, os.getuid()):
+            raise UnsafeCache(f"{parent} is a link in a directory others may write")
+        info = os.stat(parent)
     if info.st_uid != os.getuid() or info.st_mode & 0o022:
         raise UnsafeCache(f"{parent} is not ours alone (uid {info.st_uid}, mode "
                           f"{stat.S_IMODE(info.st_mode):o})")  # fmt: skip
@@ -233,7 +247,11 @@ def prune(root: str, keep: str) -> None:
         busy = copies_in_use()
         for name in old:
             if name not in busy:
-                shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+                # Renamed away first: a copy is whole under its name, or not there at all.
+                trash = os.path.join(root, f".tmp-{name}-{os.getpid()}")
+                with contextlib.suppress(OSError):
+                    os.rename(os.path.join(root, name), trash)
+                    shutil.rmtree(trash, ignore_errors=True)
 
 
 # --- the SSH host helper, started from a copy ------------------------------------------------
@@ -256,6 +274,13 @@ def _read_exactly(stream: BinaryIO, size: int) -> bytes:
     return bytes(data)
 
 
+def renew(copy: str) -> None:
+    """mark_used, hourly, for as long as the process runs (on a daemon thread)."""
+    while True:
+        mark_used(copy)
+        time.sleep(3600)
+
+
 def _serve_helper(digest: str) -> int:
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     try:
@@ -269,6 +294,7 @@ def _serve_helper(digest: str) -> int:
         print(f"cannot install the worker package: {exc}", file=sys.stderr)
         return 1
     sys.path.insert(0, path)
+    threading.Thread(target=renew, args=(path,), name="renew", daemon=True).start()
     from worker import hostd  # the copy's, now first on sys.path
 
     return hostd.serve(stdin, stdout)

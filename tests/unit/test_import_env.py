@@ -22,6 +22,9 @@ def test_only_import_time_variables_count_and_not_the_per_attempt_ones() -> None
         "XLA_FLAGS",
     ]
     assert import_env.changed(before, dict(before)) == []
+    # Read later by TensorFlow, or only when an interpreter starts: no difference warm or cold.
+    later = {"TF_FORCE_GPU_ALLOW_GROWTH": "true", "PYTHONHASHSEED": "0", "LD_PRELOAD": "x"}
+    assert import_env.changed(before, {**before, **later}) == []
 
 
 @pytest.fixture
@@ -51,10 +54,17 @@ def test_the_scripts_import_after_it_set_a_variable_starts_over_cold(
 def test_imports_by_the_package_itself_or_by_ours_are_not_the_scripts(
     watched: list[list[str]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    for importer in ("json.decoder", "worker.instrument"):
+    for importer in ("json.decoder", "worker.instrument", "worker.wait_clock"):
         _import_from(importer, monkeypatch, TF_ENABLE_ONEDNN_OPTS="0")
     assert watched == []
     assert builtins.__import__.__name__ == "checking"  # still watching for the script's
+
+
+def test_an_import_through_our_runtime_for_the_script_is_the_scripts(
+    watched: list[list[str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _import_from("worker.runtime", monkeypatch, TF_ENABLE_ONEDNN_OPTS="0")
+    assert watched == [["TF_ENABLE_ONEDNN_OPTS"]]
 
 
 def test_one_look_only_and_nothing_when_nothing_changed(

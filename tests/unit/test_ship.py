@@ -140,3 +140,22 @@ def test_a_cache_whose_parent_others_may_write_is_passed_over(
     ship.install(str(shared / "orchestrate"), digest, ship.pack(FILES))
     (private / "orchestrate" / f"worker-{digest}" / "worker" / "__init__.py").unlink()
     assert ship.find(digest) == copy
+
+
+def test_a_parent_that_is_a_link_counts_only_where_others_cannot_write(tmp_path: Path) -> None:
+    """~/.cache may be the user's link to another disk; /tmp/orchestrate-UID as a link may be
+    another user's, pointed at a directory of ours until we have checked, then elsewhere."""
+    target = tmp_path / "target"
+    target.mkdir(mode=0o700)
+    for where, mode in (("open", 0o1777), ("home", 0o755)):
+        place = tmp_path / where
+        place.mkdir()
+        place.chmod(mode)
+        (place / "link").symlink_to(target)
+    with pytest.raises(ship.UnsafeCache, match="is a link in a directory others may write"):
+        ship._check_parent(str(tmp_path / "open" / "link" / "orchestrate"))
+    ship._check_parent(str(tmp_path / "home" / "link" / "orchestrate"))
+    # What runs from a copy never goes through the link again.
+    digest = ship.digest_of(FILES)
+    copy = ship.install(str(tmp_path / "home" / "link" / "orchestrate"), digest, ship.pack(FILES))
+    assert copy == str(target / "orchestrate" / f"worker-{digest}")

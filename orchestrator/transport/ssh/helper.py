@@ -5,6 +5,7 @@ the worker package's copy asks for it first (worker.ship) and is sent it on the 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -16,6 +17,7 @@ import paramiko
 from orchestrator.errors import TransportError
 
 STDERR_LIMIT = 65536
+LINE_LIMIT = 65536  # the helper's first lines are short: a longer one is not ours
 
 
 class HelperTimeout(TransportError):
@@ -82,12 +84,14 @@ class HelperClient:
         deadline = time.monotonic() + ready_timeout
         try:
             channel.settimeout(ready_timeout)  # for these reads only: the reader thread waits
-            ready = self._reader.readline()
+            ready = self._reader.readline(LINE_LIMIT)
             if ready.startswith(b'{"need"'):  # no copy of the worker package there yet
                 data = payload()
-                channel.sendall(b"%d\n" % len(data) + data)
+                with contextlib.suppress(OSError, EOFError, paramiko.SSHException):
+                    # A helper that exited instead says why on stderr, read below.
+                    channel.sendall(b"%d\n" % len(data) + data)
                 deadline = time.monotonic() + ready_timeout
-                ready = self._reader.readline()
+                ready = self._reader.readline(LINE_LIMIT)
         except TimeoutError:
             channel.close()
             raise HelperTimeout(
