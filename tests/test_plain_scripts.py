@@ -40,6 +40,13 @@ WITHOUT_PY_SPY = os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep)
 WITH_PY_SPY = os.pathsep.join([VENV_BIN, WITHOUT_PY_SPY])
 
 
+def _line_of(path: Path, text: str, after: str = "") -> int:
+    """The number of the first line holding `text` (past the first holding `after`)."""
+    lines = path.read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if after in line)
+    return next(i for i, line in enumerate(lines) if i >= start and text in line) + 1
+
+
 def plain_config(
     tmp_path: Path, script: Path, args: list[str], *, env: str = "", supervision: str = "",
     restart: str = "",
@@ -179,12 +186,13 @@ def test_a_plain_script_that_hangs_mid_training_is_caught_by_the_watchdog(
         rf"{own}(, {own})?( \(max_restarts \(0\) reached\))?",
         job["last_cause"],
     ), job["last_cause"]
+    hang = _line_of(PLAIN_FIT, "time.sleep(3600)", after='environ.get("HANG_AT_STEP"')
     if "worker-1 in" in job["last_cause"]:
-        assert "worker-1 in plain_fit.py:109 on_train_batch_end" in job["last_cause"]
+        assert f"worker-1 in plain_fit.py:{hang} on_train_batch_end" in job["last_cause"]
     assert "task 1 hangs after step 40" in result.out
     stacks = (tmp_path / "shared" / job["id"] / "tasks" / "1" / "stacks-attempt-0.txt").read_text()
     assert "thread 0x" in stacks and "(most recent call first)" in stacks  # every Python thread
-    assert 'plain_fit.py", line 109 in on_train_batch_end' in stacks
+    assert f'plain_fit.py", line {hang} in on_train_batch_end' in stacks
     said = [e["message"] for e in job["events"] if e["kind"] == "stacks"]
     assert sorted(m.split(":")[0] for m in said) == ["worker-0", "worker-1"], job["events"]
     logged = cli("logs", job["id"], "--grep", "Python stacks of every thread").out
@@ -243,10 +251,11 @@ def test_a_plain_script_task_that_never_starts_is_named_by_the_startup_deadline(
     # worker-1's interpreter is up (the bootstrap said so) but it never imports TensorFlow;
     # worker-0 is still loading, or past the import and waiting for its peer. Their stacks,
     # taken before the stop, say where each was.
+    never = _line_of(PLAIN_FIT, "time.sleep(3600)")  # NEVER_START's sleep
     assert re.fullmatch(
         r"startup deadline of 25s passed; starting: (worker-0, )?worker-1"
         r"(; (before the rendezvous|waiting for peers): worker-0)?"
-        r"; (worker-0 in [^,;]+, )?worker-1 in plain_fit\.py:36 <module>"
+        rf"; (worker-0 in [^,;]+, )?worker-1 in plain_fit\.py:{never} <module>"
         r"(, worker-0 in [^,;]+)?",
         job["last_cause"],
     ), job["last_cause"]
