@@ -124,14 +124,27 @@ def _job_cpu(job: str) -> dict[int, tuple[str, float]]:
     return found
 
 
-def _window(job: str, seconds: float) -> dict[str, float]:
+def _window(job: str, home: Path, seconds: float) -> dict[str, float]:
+    """Each kind's CPU over `seconds` of the attempt that trains at the start: the trainers
+    are the pids the job's status names (a warm trainer's command line is a standby's)."""
+    trainers = _running_trainers(job, home)
     before, t0 = _job_cpu(job), time.monotonic()
     time.sleep(seconds)
     after, elapsed = _job_cpu(job), time.monotonic() - t0
+    if _running_trainers(job, home) != trainers:
+        raise RuntimeError(f"job {job}: its trainers changed or ended during the window")
     shares: dict[str, float] = {}
     for pid, (kind, cpu) in after.items():
+        kind = "trainer" if pid in trainers else kind
         shares[kind] = shares.get(kind, 0.0) + (cpu - before.get(pid, (kind, 0.0))[1]) / elapsed
     return {kind: round(share, 4) for kind, share in sorted(shares.items())}
+
+
+def _running_trainers(job: str, home: Path) -> set[int]:
+    tasks = status_json(home, job)["jobs"][0]["tasks"]
+    if not all(t["state"] == "running" and t["pid"] for t in tasks):
+        raise RuntimeError(f"job {job}: not every task is training")
+    return {t["pid"] for t in tasks}
 
 
 def cpu_shares(root: Path, home: Path, epochs: int, seconds: float = 8.0) -> dict[str, dict]:
@@ -150,11 +163,13 @@ def cpu_shares(root: Path, home: Path, epochs: int, seconds: float = 8.0) -> dic
         return all((t.get("epoch") or 0) >= n for t in tasks)
 
     wait(lambda: trained(3), 300, 0.5)
-    importing = _window(job, seconds)
-    wait(lambda: all("warm standby ready" in p.read_text() for p in logs), 120, 0.5)
-    steady = _window(job, seconds)
-    subprocess.run([PY, "-m", "orchestrator", "stop", job], capture_output=True,
-                   env=orch_env(home), cwd=REPO, check=False)  # fmt: skip
+    try:
+        importing = _window(job, home, seconds)
+        wait(lambda: all("warm standby ready" in p.read_text() for p in logs), 300, 0.5)
+        steady = _window(job, home, seconds)
+    finally:
+        subprocess.run([PY, "-m", "orchestrator", "stop", job], capture_output=True,
+                       env=orch_env(home), cwd=REPO, check=False)  # fmt: skip
     return {"standbys_importing": importing, "standbys_ready": steady}
 
 
@@ -195,7 +210,7 @@ def main() -> int:
         low, high = row["spread"]
         print(f"{name:14} {row['steps_per_s']:7.1f} steps/s  {row['ratio']:.3f}x "
               f"({low:.2f}-{high:.2f})")  # fmt: skip
-    shares = cpu_shares(root, home, 60)
+    shares = cpu_shares(root, home, 1000)
     print("\nCPU in steady training (cores busy), every default on:")
     for window, busy in shares.items():
         ours = sum(v for k, v in busy.items() if k != "trainer")
