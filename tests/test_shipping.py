@@ -9,12 +9,18 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from orchestrator import shipping
-from tests.conftest import as_nobody
+from tests.conftest import (
+    CliResult,
+    as_nobody,
+    python_without_orchestrate,
+    two_worker_config,
+)
 from worker import ship
 
 
@@ -131,3 +137,19 @@ def test_caches_another_user_prepared_are_never_used_and_ours_are_closed_to_them
         tried = as_nobody(attempt, env)
         assert tried.wait(10) != 0, attempt
     assert not Path(copy, "worker", "evil.py").exists()
+
+
+@pytest.mark.slow
+def test_an_uninstrumented_module_of_ours_runs_on_a_python_without_orchestrate(
+    tmp_path: Path, cli: Callable[..., CliResult]
+) -> None:
+    """No bootstrap puts the shipped copy on the trainer's path with `instrument = false`:
+    the agent appends it to PYTHONPATH, so `-m worker....` is found as where it is installed."""
+    bare = python_without_orchestrate(tmp_path)
+    path = two_worker_config(
+        tmp_path, "bare", 'module = "worker.proctl"\nargs = ["alive", "1"]\ninstrument = false'
+    )
+    path.write_text(path.read_text().replace("workers = 2", f'workers = 2\npython = "{bare}"'))
+    result = cli("launch", "--plain", str(path), timeout=120)
+    assert result.code == 0, result.out[-2000:] + result.err[-1000:]
+    assert "[worker-1 local] 1" in result.out  # proctl's answer: pid 1 is alive
