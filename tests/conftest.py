@@ -224,6 +224,15 @@ def reap_pids() -> Iterator[list[int]]:
                 os.kill(pid, 9)
 
 
+def signal_job_process(pid: int, job_id: str, sig: int) -> None:
+    """Signal a process of this test's job, checked right before: > 1, alive, not a zombie,
+    this job's id in its environment (a pid reused by anyone else is never signalled)."""
+    from worker.proctl import is_job_process
+
+    assert pid > 1 and is_job_process(pid, job_id), f"pid {pid} is not job {job_id}'s"
+    os.kill(pid, sig)
+
+
 def python_without_orchestrate(where: Path) -> Path:
     """An interpreter with this environment's TensorFlow, tf-keras (and the rest of its
     site-packages) but not orchestrate, as a host that never installed it: a venv whose one

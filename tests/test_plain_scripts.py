@@ -22,6 +22,7 @@ from tests.conftest import (
     job_processes,
     job_view,
     launch_detached,
+    signal_job_process,
     status_json,
     two_worker_config,
     wait_for,
@@ -101,7 +102,7 @@ def test_a_plain_fit_script_reports_progress_outlives_the_deadline_and_checkpoin
 
     # Preemption: SIGTERM to one trainer; it checkpoints at the epoch's end, every worker exits
     # with the configured code (not 42), and the group restarts uncounted, resuming.
-    os.kill(job["tasks"][1]["pid"], signal.SIGTERM)
+    signal_job_process(job["tasks"][1]["pid"], job_id, signal.SIGTERM)
     job = wait_for_end(cli, job_id, timeout=300)
     assert job["state"] == "succeeded", job["last_cause"]
     assert (job["restarts"], job["preemptions"]) == (1, 1)
@@ -217,8 +218,8 @@ def test_a_custom_loop_stuck_in_a_collective_has_its_stacks_taken_before_the_sto
     )
     # worker-1 stopped: worker-0 waits for it (3 s: before MWMS's own heartbeat gives up on it)
     trainer = job["tasks"][1]["pid"]
-    assert trainer in job_processes(job_id)  # this job's trainer, right before the signal
-    os.kill(trainer, signal.SIGSTOP)
+    assert trainer in job_processes(job_id)  # this job's trainer
+    signal_job_process(trainer, job_id, signal.SIGSTOP)
     job = wait_for_end(cli, job_id)
     assert job["state"] == "failed"
     # worker-0 waits in the all-reduce of its loop's step; the stopped worker-1 cannot answer

@@ -5,7 +5,6 @@ imports nothing of ours (tests/fixtures/plain_fit.py)."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 from collections.abc import Callable
@@ -19,6 +18,7 @@ from tests.conftest import (
     job_processes,
     job_view,
     launch_detached,
+    signal_job_process,
     two_worker_config,
     wait_for,
     wait_for_end,
@@ -58,7 +58,7 @@ def _kill_a_trainer_and_finish(
 ) -> dict:
     job = job_view(cli, job_id)
     reap.extend(t["pid"] for t in job["tasks"] if t["pid"])
-    os.kill(job["tasks"][1]["pid"], signal.SIGKILL)
+    signal_job_process(job["tasks"][1]["pid"], job_id, signal.SIGKILL)
     job = wait_for_end(cli, job_id, timeout=300)
     assert job["state"] == "succeeded", job["last_cause"]
     assert job["restarts"] == 1
@@ -105,7 +105,7 @@ def test_a_standby_killed_before_the_restart_is_replaced_and_the_restart_is_stil
     ready = wait_for(lambda: (s := _standbys(tmp_path, job_id)) and all(s.values()) and s, 240)
     assert isinstance(ready, dict)
     first = ready[0][0]
-    os.kill(first, signal.SIGKILL)
+    signal_job_process(first, job_id, signal.SIGKILL)
     replaced = wait_for(lambda: len(_standbys(tmp_path, job_id)[0]) >= 2, 240)
     assert replaced
     second = _standbys(tmp_path, job_id)[0][1]
@@ -134,7 +134,7 @@ def test_a_script_that_sets_import_time_variables_itself_is_started_over_cold(
     reap_pids.extend(pid for pids in ready.values() for pid in pids)
     first = job_view(cli, job_id)
     reap_pids.extend(t["pid"] for t in first["tasks"] if t["pid"])
-    os.kill(first["tasks"][1]["pid"], signal.SIGKILL)
+    signal_job_process(first["tasks"][1]["pid"], job_id, signal.SIGKILL)
     # Attempt 1 trains (its trainers, started over cold, past an epoch), then a second kill.
     second = wait_for(
         lambda: (j := job_view(cli, job_id))["restarts"] == 1
@@ -144,7 +144,7 @@ def test_a_script_that_sets_import_time_variables_itself_is_started_over_cold(
     )  # fmt: skip
     assert isinstance(second, dict)
     reap_pids.extend(t["pid"] for t in second["tasks"] if t["pid"])
-    os.kill(second["tasks"][0]["pid"], signal.SIGKILL)
+    signal_job_process(second["tasks"][0]["pid"], job_id, signal.SIGKILL)
     job = wait_for_end(cli, job_id, timeout=300)
     assert job["state"] == "succeeded" and job["restarts"] == 2, job["last_cause"]
     for i in (0, 1):

@@ -44,10 +44,12 @@ def _import_from(importer: str, monkeypatch: pytest.MonkeyPatch, **env: str) -> 
     exec("import json", {"__name__": importer})
 
 
+@pytest.mark.parametrize("importer", ["__main__", "worker.runtime"], ids=["script", "runtime"])
 def test_the_scripts_import_after_it_set_a_variable_starts_over_cold(
-    watched: list[list[str]], monkeypatch: pytest.MonkeyPatch
+    watched: list[list[str]], monkeypatch: pytest.MonkeyPatch, importer: str
 ) -> None:
-    _import_from("__main__", monkeypatch, TF_ENABLE_ONEDNN_OPTS="0")
+    """The script's own import, or one our runtime makes for it."""
+    _import_from(importer, monkeypatch, TF_ENABLE_ONEDNN_OPTS="0")
     assert watched == [["TF_ENABLE_ONEDNN_OPTS"]]
 
 
@@ -58,13 +60,6 @@ def test_imports_by_the_package_itself_or_by_ours_are_not_the_scripts(
         _import_from(importer, monkeypatch, TF_ENABLE_ONEDNN_OPTS="0")
     assert watched == []
     assert builtins.__import__.__name__ == "checking"  # still watching for the script's
-
-
-def test_an_import_through_our_runtime_for_the_script_is_the_scripts(
-    watched: list[list[str]], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    _import_from("worker.runtime", monkeypatch, TF_ENABLE_ONEDNN_OPTS="0")
-    assert watched == [["TF_ENABLE_ONEDNN_OPTS"]]
 
 
 def test_one_look_only_and_nothing_when_nothing_changed(
