@@ -153,3 +153,15 @@ def test_an_uninstrumented_module_of_ours_runs_on_a_python_without_orchestrate(
     result = cli("launch", "--plain", str(path), timeout=120)
     assert result.code == 0, result.out[-2000:] + result.err[-1000:]
     assert "[worker-1 local] 1" in result.out  # proctl's answer: pid 1 is alive
+
+
+def test_a_host_clock_days_ahead_prunes_nothing_used_recently(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ages count from the copy just used (the same clock stamped every copy), not from this
+    host's clock: one three days ahead sees recently used copies as recent."""
+    recent = [_copy(tmp_path, n, age=60 + n) for n in range(6)]
+    real = time.time
+    monkeypatch.setattr(time, "time", lambda: real() + 3 * 86400)
+    ship.prune(str(tmp_path), keep=_copy(tmp_path, 100, age=0))
+    assert set(recent) <= {p.name for p in tmp_path.iterdir()}

@@ -231,8 +231,14 @@ def copies_in_use() -> set[str]:
 
 
 def prune(root: str, keep: str) -> None:
-    """Remove old copies under root (see the module's docstring) and stale unpackings."""
-    now = time.time()
+    """Remove old copies under root (see the module's docstring) and stale unpackings. Ages
+    are counted from the copy just used, stamped by the same clock as the others (a shared
+    home's file server): never from this host's clock, which may be off by days."""
+    mark_used(os.path.join(root, keep))
+    try:
+        now = os.stat(os.path.join(root, keep)).st_mtime
+    except OSError:
+        now = time.time()
     copies = []
     for entry in os.scandir(root):
         with contextlib.suppress(OSError):
