@@ -1,4 +1,5 @@
-"""The commands that look at jobs: status, logs, report, tensorboard, schema, collect.
+"""The commands that look at jobs: status, logs, report, tensorboard, schema, collect,
+standbys.
 
 Fast to start: what they need beyond the store is imported inside each command."""
 
@@ -11,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from orchestrator.cli_app import JobArg, JsonOpt, app, echo
+from orchestrator.cli_app import ConfigArg, JobArg, JsonOpt, app, echo, errors_as_json
 from orchestrator.console import watch_text
 from orchestrator.job_records import stored_config
 from orchestrator.paths import job_home, report_json
@@ -153,3 +154,43 @@ def collect(
     finally:
         backend.close()
     echo(f"collected {count} file(s) of job {job.id} into {target}")
+
+
+@app.command()
+def standbys(
+    config: ConfigArg,
+    clear: Annotated[
+        bool, typer.Option("--clear", help="End them, and the interpreters they hold.")
+    ] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """The warm standbys this user keeps on the config's hosts between jobs ([restart]
+    keep_standbys): each keeper, what it holds, and for how long."""
+    from orchestrator.backends import open_backend
+    from orchestrator.config import load_config
+    from worker.keepers import parse
+
+    with errors_as_json(as_json):
+        backend = open_backend(load_config(config))
+    try:
+        found = backend.standbys(clear)
+        labels = [backend.transport(h).host_label for h in found.keys]
+    finally:
+        backend.close()
+    if as_json:
+        hosts = [
+            {"host": labels[i], "keepers": found.succeeded.get(h),
+             "error": found.reason(h, labels[i]) if h in found.failed else None}
+            for i, h in enumerate(found.keys)
+        ]  # fmt: skip
+        echo(json.dumps({"hosts": hosts}, indent=2))
+        return
+    for i, h in enumerate(found.keys):
+        if h in found.failed:
+            echo(f"{labels[i]}: unreachable: {found.reason(h, labels[i])}")
+            continue
+        entries = [parse(raw) for raw in found.succeeded[h] or []]
+        if not entries:
+            echo(f"{labels[i]}: nothing kept")
+        for entry in entries:
+            echo(f"{labels[i]}: {entry.describe() if entry else 'an entry that is not one'}")

@@ -27,6 +27,7 @@ root for the namespaced test bed; without it they are reported as skipped, with 
 | P13 | Slurm: `launch` to every task's first epoch done | sbatch + srun by hand |
 | P14 | trainer SIGKILLed -> training resumed, in the warm standby | a hand-started cold start |
 | P14b | RSS of a warm standby when ready | a trainer's RSS, same round |
+| P15 | relaunch (stop, launch again) -> first step, kept standbys | a hand-started cold start |
 
 Every ratio is the median of per-round ratios, each round measuring its baseline and its value
 back to back; every target is fixed here before the run (see scripts/bench_rows.py).
@@ -58,7 +59,7 @@ from bench_overhead import cpu_shares  # noqa: E402
 from bench_rows import Row, run_meta, write_results  # noqa: E402
 from bench_slurm import rows as slurm_row_defs  # noqa: E402
 from bench_slurm import slurm_rows  # noqa: E402
-from bench_warm import restart_rows  # noqa: E402
+from bench_warm import relaunch_row, relaunch_rows, restart_rows  # noqa: E402
 from bench_warm import rows as warm_row_defs  # noqa: E402
 
 
@@ -152,6 +153,7 @@ def run_suite(quick: bool) -> list[Row]:
     rows["P10"], rows["P11"] = host_loss_row_defs()
     rows["P12"], rows["P13"] = slurm_row_defs()
     rows["P5"], rows["P14"], rows["P14b"] = warm_row_defs()
+    rows["P15"] = relaunch_row()
     with tempfile.TemporaryDirectory(prefix="orch-bench-") as tmp:
         root = Path(tmp)
         (root / "shared").mkdir()
@@ -208,6 +210,8 @@ def run_suite(quick: bool) -> list[Row]:
         print("P5/P14 restarts, cold and warm, each beside a cold start by hand ...", flush=True)
         cold_restarts = restart_rows(root, home, repeat, rows["P5"], rows["P14"], rows["P14b"])
         rows["P4"].values = [run["seen"] for run in cold_restarts]
+        print("P15 relaunches in kept standbys, each beside a cold start by hand ...", flush=True)
+        relaunch_rows(root, home, repeat, rows["P15"])
         print("P4's baseline: TensorFlow's own reaction to a killed worker ...", flush=True)
         for _ in range(repeat):
             survivor = raw_run(root, 30, kill_at_epoch=3).get("survivor_exit")

@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "scripts"))
 
 import testbed as tb  # noqa: E402
-from bench_measure import wait  # noqa: E402
+from bench_measure import no_kept_standbys, wait  # noqa: E402
 from bench_rows import Row, run_meta, write_results  # noqa: E402
 
 PY = sys.executable
@@ -123,6 +123,7 @@ def orchestrated_link_down(bed: tb.Testbed, root: Path, home: Path, spare: bool)
     seconds to the first training step on the spare."""
     name = f"loss-{'spare' if spare else 'stop'}-{int(time.time() * 1000) % 100000}"
     path = job_toml(bed, root, name, "h2" if spare else None)
+    no_kept_standbys()
     out = orchestrate(home, "launch", "--detach", str(path))
     assert out.returncode == 0, out.stdout + out.stderr
     job_id = out.stdout.split()[1]

@@ -223,8 +223,19 @@ def raw_cold_start(root: Path) -> float:
     return raw_run(root, 3)["first_step"]
 
 
-def launch(config: Path, home: Path) -> str:
-    """`orchestrate launch CONFIG` in the foreground, to success; its output."""
+def no_kept_standbys() -> None:
+    """A measured launch starts as on a fresh machine: no standby kept from the last job
+    ([restart] keep_standbys) on any host of ours here. P15 measures a launch that has them."""
+    from worker.keepers import clear
+
+    clear(every_host=True)
+
+
+def launch(config: Path, home: Path, fresh: bool = True) -> str:
+    """`orchestrate launch CONFIG` in the foreground, to success; its output. `fresh`: without
+    the standbys the last job kept."""
+    if fresh:
+        no_kept_standbys()
     proc = subprocess.run(
         [PY, "-m", "orchestrator", "launch", str(config)],
         capture_output=True,
@@ -306,6 +317,7 @@ def _rss_mb(pid: int) -> float:
 
 
 def kill_and_resume(root: Path, home: Path, warm: bool) -> dict[str, float]:
+    no_kept_standbys()
     config = local_config(root, 30, extra=f"warm_restart = {'true' if warm else 'false'}")
     env = orch_env(home)
     out = subprocess.run([PY, "-m", "orchestrator", "launch", "--detach", str(config)],
@@ -355,3 +367,24 @@ def kill_and_resume(root: Path, home: Path, warm: bool) -> dict[str, float]:
         trainer=first - events["launched"],
     )
     return result
+
+
+def relaunch(root: Path, home: Path) -> dict[str, float]:
+    """P15, the edit-run loop: a job trains until its warm standbys are ready and is stopped
+    (the user saw what to fix), then the same cluster.toml is launched again: that launch to
+    its first training step. `warm_used` 0: it started cold (a failed round)."""
+    no_kept_standbys()
+    env = orch_env(home)
+    config = local_config(root, 30)
+    out = subprocess.run([PY, "-m", "orchestrator", "launch", "--detach", str(config)],
+                         capture_output=True, text=True, env=env, cwd=REPO, check=True)  # fmt: skip
+    job_id = out.stdout.split()[1]
+    logs = [Path(root / "shared" / job_id / "logs" / f"worker-{i}.log") for i in (0, 1)]
+    wait(lambda: all(p.exists() and READY.search(p.read_text()) for p in logs), 240)
+    subprocess.run([PY, "-m", "orchestrator", "stop", job_id], env=env, cwd=REPO,
+                   capture_output=True, check=True)  # fmt: skip
+    t0 = time.time()
+    out = launch(local_config(root, 3), home, fresh=False)
+    first, _ = bench_lines(out)
+    assert first is not None
+    return {"first_step": first - t0, "warm_used": float(out.count("warm start: the standby") == 2)}

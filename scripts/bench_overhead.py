@@ -37,6 +37,7 @@ from bench_measure import (
     epoch_rates,
     launch,
     middle_rate,
+    no_kept_standbys,
     orch_env,
     raw_run,
     status_json,
@@ -151,6 +152,7 @@ def cpu_shares(root: Path, home: Path, epochs: int, seconds: float = 8.0) -> dic
     """CPU seconds per second of wall time, by kind of process: in the first window of steady
     training (epoch 3 on: the standbys import TensorFlow then), and once both standbys are
     ready."""
+    no_kept_standbys()
     out = subprocess.run(
         [PY, "-m", "orchestrator", "launch", "--detach", str(config(root, "defaults", epochs))],
         capture_output=True, text=True, env=orch_env(home), cwd=REPO, check=True,

@@ -6,6 +6,9 @@ P5   trainer SIGKILLed -> training resumed, warm_restart = false (a new interpre
 P14  the same with the warm standby (waited for before the kill); a round that restarted cold
      is a failed round;
 P14b the standby's resident size when it is ready, beside a trainer's in the same round;
+P15  the edit-run loop: a job stopped once its standbys are ready, the same cluster.toml
+     launched again, to its first step (in the standbys the first job kept); a round that
+     started cold is a failed round;
 and where a restart's time goes: the failure seen, the broken group stopped, the next attempt's
 agents started (preflight included), then the trainer's own start (activation, the script's
 imports, the rendezvous, the restore, the first step).
@@ -28,8 +31,33 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 
-from bench_measure import kill_and_resume, raw_cold_start  # noqa: E402
+from bench_measure import kill_and_resume, raw_cold_start, relaunch  # noqa: E402
 from bench_rows import Row, run_meta, write_results  # noqa: E402
+
+
+def relaunch_row() -> Row:
+    return Row(
+        "P15",
+        "relaunch (stop, launch again) -> first step, in the kept standbys",
+        "s",
+        kind="ratio",
+        target_ratio=0.6,
+        baseline_label="a cold start: workers started by hand, to their first step",
+        target="<= 0.6x a cold start",
+    )
+
+
+def relaunch_rows(root: Path, home: Path, rounds: int, p15: Row) -> None:
+    """Rounds of (cold start by hand, relaunch)."""
+    for n in range(rounds):
+        print(f"relaunches: round {n + 1}/{rounds} ...", flush=True)
+        baseline = raw_cold_start(root)
+        again = relaunch(root, home)
+        if not again["warm_used"]:
+            p15.failed_rounds += 1  # it started cold: not a warm relaunch's figure
+            continue
+        p15.baseline.append(baseline)
+        p15.values.append(again["first_step"])
 
 
 def rows() -> tuple[Row, Row, Row]:
@@ -106,12 +134,14 @@ def main() -> int:
     args = parser.parse_args()
     started = time.time()
     p5, p14, p14b = rows()
+    p15 = relaunch_row()
     with tempfile.TemporaryDirectory(prefix="orch-bench-warm-") as tmp:
         root = Path(tmp)
         (root / "shared").mkdir()
         restart_rows(root, root / "home", args.rounds, p5, p14, p14b)
+        relaunch_rows(root, root / "home", args.rounds, p15)
     meta = run_meta(f"scripts/bench_warm.py --rounds {args.rounds}", started, quick=False)
-    print(write_results(args.out, [p5, p14, p14b], meta, REPO / "README.md"))
+    print(write_results(args.out, [p5, p14, p14b, p15], meta, REPO / "README.md"))
     return 0
 
 

@@ -165,10 +165,14 @@ def wait_for_end(cli: Callable[..., CliResult], job_id: str, timeout: float = 24
 
 def job_processes(job_id: str) -> list[int]:
     """Every live process of a job, found from /proc: agents by their spec path, standby
-    keepers by their arguments (worker/standby.py JOB ...), trainers and standbys by the
-    ORCHESTRATE_JOB_ID in their environment. Whatever attempt started them."""
+    keepers serving it (their own record, worker.keepers; a keeper that keeps its standby for
+    the next job serves none), trainers by the ORCHESTRATE_JOB_ID in their environment, warm
+    trainers by their keeper's record. Whatever attempt started them."""
+    from worker.keepers import entries
     from worker.proctl import is_alive
 
+    serving = {e.pid for e in entries(every_host=True) if e.job == job_id}
+    serving |= {e.trainer for e in entries(every_host=True) if e.job == job_id and e.trainer}
     found = []
     needle = f"ORCHESTRATE_JOB_ID={job_id}".encode()
     for entry in Path("/proc").iterdir():
@@ -180,9 +184,12 @@ def job_processes(job_id: str) -> list[int]:
         except OSError:
             continue
         argv = cmdline.split(b"\0")
-        keeper = any(a.endswith(b"standby.py") for a in argv) and job_id.encode() in argv
-        ours = f"/{job_id}/tasks/".encode() in cmdline or needle in environ.split(b"\0")
-        if (ours or keeper) and is_alive(int(entry.name)):
+        if len(argv) > 1 and argv[1].endswith(b"standby.py"):  # named for the job that made it
+            ours = int(entry.name) in serving
+        else:
+            ours = f"/{job_id}/tasks/".encode() in cmdline or needle in environ.split(b"\0")
+            ours = ours or int(entry.name) in serving
+        if ours and is_alive(int(entry.name)):
             found.append(int(entry.name))
     return found
 
@@ -209,6 +216,18 @@ def ssh_testbed(
         tb.down(root)
 
 
+@pytest.fixture(autouse=True)
+def no_standby_kept_past_the_test() -> Iterator[None]:
+    """Every test starts as on a fresh machine: no standby is kept for a next job ([restart]
+    keep_standbys; a cache), and those a test's jobs kept end with it, on every host of its
+    test beds too."""
+    from worker.keepers import clear
+
+    clear(every_host=True)
+    yield
+    clear(every_host=True)
+
+
 @pytest.fixture
 def reap_pids() -> Iterator[list[int]]:
     """Pids a test started (directly or through orchestrate): SIGKILLed at teardown if alive."""
@@ -226,10 +245,14 @@ def reap_pids() -> Iterator[list[int]]:
 
 def signal_job_process(pid: int, job_id: str, sig: int) -> None:
     """Signal a process of this test's job, checked right before: > 1, alive, not a zombie,
-    this job's id in its environment (a pid reused by anyone else is never signalled)."""
-    from worker.proctl import is_job_process
+    this job's id in its environment or its warm trainer, or the standby of a keeper serving
+    the job (a pid reused by anyone else is never signalled)."""
+    from worker.keepers import entries
+    from worker.proctl import is_alive, is_job_process
 
-    assert pid > 1 and is_job_process(pid, job_id), f"pid {pid} is not job {job_id}'s"
+    standbys = {e.standby for e in entries(every_host=True) if e.job == job_id}
+    ours = is_job_process(pid, job_id) or (pid in standbys and is_alive(pid))
+    assert pid > 1 and ours, f"pid {pid} is not job {job_id}'s"
     os.kill(pid, sig)
 
 

@@ -14,8 +14,9 @@ from pathlib import Path
 
 from tests.conftest import as_nobody, wait_for
 from worker.proctl import is_alive
-from worker.spec import ENV_JOB_ID
-from worker.warm import STANDBY, KeeperLink, fingerprint, standby_env, verify_trainer
+from worker.standby import socket_path
+from worker.standby_child import ENV_STANDBY
+from worker.warm import STANDBY, KeeperLink, fingerprint, standby_env, verify_trainer, warm_start
 
 SCRIPT = """
 import json, os, sys
@@ -36,7 +37,7 @@ def test_the_keeper_replaces_a_stale_standby_and_runs_a_fresh_script_in_a_matchi
     workdir.mkdir()
     job = f"test-{os.getpid()}"
     keeper = subprocess.Popen(
-        [sys.executable, STANDBY, job, "0", "1.0", str(tmp_path / "standby.log")],
+        [sys.executable, STANDBY, job, "0", "1.0", str(tmp_path / "standby.log"), "0", "0"],
         start_new_session=True,
     )
     ready: list[int] = []
@@ -50,7 +51,7 @@ def test_the_keeper_replaces_a_stale_standby_and_runs_a_fresh_script_in_a_matchi
 
     link = None
     try:
-        link = wait_for(lambda: KeeperLink.connect(job, 0, on_standby)[0], 10)
+        link = wait_for(lambda: KeeperLink.connect(socket_path(job, 0), on_standby)[0], 10)
         assert isinstance(link, KeeperLink)
         base = {"PATH": os.environ["PATH"], "TF_CPP_MIN_LOG_LEVEL": "3", "OLD": "1"}
         old_print = fingerprint(base, sys.executable, {"OLD": "1"})
@@ -66,7 +67,8 @@ def test_the_keeper_replaces_a_stale_standby_and_runs_a_fresh_script_in_a_matchi
         new_print = fingerprint(new_env, sys.executable, {"X": "1"})
         assert new_print != old_print
         order = {"op": "activate", "env": new_env, "target": [str(script), "--flag"],
-                 "cwd": str(workdir), "log": str(tmp_path / "task.log")}  # fmt: skip
+                 "cwd": str(workdir), "log": str(tmp_path / "task.log"), "job_id": job,
+                 "task_index": 0}  # fmt: skip
         reply = link.request({**order, "fingerprint": new_print})
         assert reply == {"ok": False, "reason": "the environment or Python changed"}
         wait_for(lambda: not is_alive(first), 10)
@@ -133,7 +135,7 @@ while time.time() < deadline:
 
 def _keeper(job: str, tmp: Path, log: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [sys.executable, STANDBY, job, "0", "30", str(log)],
+        [sys.executable, STANDBY, job, "0", "30", str(log), "0", "0"],
         env={**os.environ, "TMPDIR": str(tmp)}, start_new_session=True,
         stdout=open(log, "ab"), stderr=subprocess.STDOUT,
     )  # fmt: skip
@@ -152,7 +154,9 @@ def test_a_squatter_binding_every_name_it_sees_gets_nothing_and_the_keeper_is_fo
     try:
         wait_for(lambda: (shared_tmp / f"orchestrate-{os.getuid()}").is_dir(), 10)
         squatter = as_nobody([sys.executable, "-c", SQUATTER, job, theirs], env)
-        link = wait_for(lambda: KeeperLink.connect(job, 0, lambda pid, rss: None)[0], 10)
+        link = wait_for(
+            lambda: KeeperLink.connect(socket_path(job, 0), lambda pid, rss: None)[0], 10
+        )
         assert isinstance(link, KeeperLink) and link.keeper_pid == keeper.pid  # the real one
         out, _ = squatter.communicate(timeout=30)
     finally:
@@ -188,8 +192,9 @@ def test_a_private_directory_made_by_another_user_is_refused_and_nothing_is_sent
         keeper = _keeper(job, shared_tmp, log)
         assert keeper.wait(30) == 3  # it says why, and serves nothing
         assert "cannot serve warm restarts" in log.read_text() and "uid 65534" in log.read_text()
-        link, problem = KeeperLink.connect(job, 0, lambda pid, rss: None)
-        assert link is None and "belongs to uid 65534" in problem, problem
+        # The agent's way in: it starts cold and says why.
+        trainer, link, problem = warm_start(job, 0, {"fingerprint": "f"}, lambda p, r: None, True)
+        assert trainer is None and link is None and "belongs to uid 65534" in problem, problem
         out, _ = squatter.communicate(timeout=30)
     finally:
         if squatter.poll() is None:
@@ -198,19 +203,17 @@ def test_a_private_directory_made_by_another_user_is_refused_and_nothing_is_sent
     assert "received" not in out, out  # not a byte of the job's environment reached it
 
 
-def test_a_pid_the_keeper_names_is_signalled_only_if_it_is_its_child_of_this_job() -> None:
-    job = f"pid-{os.getpid()}"
-    child = subprocess.Popen(["sleep", "30"], env={**os.environ, ENV_JOB_ID: job})
+def test_a_pid_the_keeper_names_is_signalled_only_if_it_is_its_child_and_a_standby() -> None:
+    child = subprocess.Popen(["sleep", "30"], env={**os.environ, ENV_STANDBY: "1"})
     stranger = subprocess.Popen(["sleep", "30"])
     try:
         me = os.getpid()
-        assert verify_trainer(child.pid, me, job) == ""
+        assert verify_trainer(child.pid, me) == ""
         for pid in (1, 0, -1, "1", None, True, 2.0):
-            assert verify_trainer(pid, me, job).startswith("the keeper named pid"), pid
-        assert "not of this job" in verify_trainer(stranger.pid, me, job)
-        assert "not its child" in verify_trainer(child.pid, me + 1, job)
-        assert "not of this job" in verify_trainer(child.pid, me, job + "x")
-        assert "gone" in verify_trainer(4_194_999, me, job)
+            assert verify_trainer(pid, me).startswith("the keeper named pid"), pid
+        assert "not a standby" in verify_trainer(stranger.pid, me)
+        assert "not its child" in verify_trainer(child.pid, me + 1)
+        assert "gone" in verify_trainer(4_194_999, me)
     finally:
         for proc in (child, stranger):
             proc.kill()
@@ -223,7 +226,7 @@ def test_a_second_keeper_for_a_task_says_the_name_is_served_and_leaves(
     job = f"two-{os.getpid()}"
     first = _keeper(job, shared_tmp, tmp_path / "first.log")
     try:
-        wait_for(lambda: KeeperLink.connect(job, 0, lambda pid, rss: None)[0], 10)
+        wait_for(lambda: KeeperLink.connect(socket_path(job, 0), lambda pid, rss: None)[0], 10)
         second = _keeper(job, shared_tmp, tmp_path / "second.log")
         assert second.wait(30) == 0
         said = (tmp_path / "second.log").read_text()

@@ -63,7 +63,8 @@ def _kill_a_trainer_and_finish(
     assert job["state"] == "succeeded", job["last_cause"]
     assert job["restarts"] == 1
     assert all(t["initial_epoch"] > 0 for t in job["tasks"])  # resumed from the checkpoint
-    wait_for(lambda: not job_processes(job_id), 15)  # keepers and standbys too
+    # Keepers too: those that keep their standby for the next job serve none (worker.keepers).
+    wait_for(lambda: not job_processes(job_id), 15)
     return job
 
 

@@ -43,7 +43,14 @@ from worker.spec import (
     write_json_atomic,
 )
 from worker.tb_events import EventWriter
-from worker.warm import KeeperLink, WarmTrainer, fingerprint, prepare_standby, undone_reason
+from worker.warm import (
+    KeeperLink,
+    WarmTrainer,
+    fingerprint,
+    prepare_standby,
+    undone_reason,
+    warm_start,
+)
 
 FINAL_STATUS_PATIENCE = 30.0  # seconds to keep trying to write the final status
 MAX_PROGRESS_BYTES = 64 << 10  # the progress file a trainer writes: well over what we write
@@ -176,21 +183,17 @@ class Agent:
             _note(log, f"cold start: {undone}")
         if not spec.warm_restart or not spec.instrument or undone:
             return None
-        link, problem = KeeperLink.connect(spec.job_id, spec.task_index, self._standby_ready)
-        if link is None:
-            if problem:
-                _note(log, f"cold start: {problem}")
-            return None
-        self._keeper = link
         python, *target = spec.argv
         env = trainer_env(spec)
         order = {"fingerprint": fingerprint(env, python, spec.env), "env": env,
-                 "target": target, "cwd": spec.workdir, "log": str(self.log_path)}  # fmt: skip
-        trainer, problem = link.activate(spec.job_id, order)
+                 "target": target, "cwd": spec.workdir, "log": str(self.log_path),
+                 "job_id": spec.job_id, "task_index": spec.task_index}  # fmt: skip
+        trainer, self._keeper, problem = warm_start(
+            spec.job_id, spec.task_index, order, self._standby_ready, spec.keep_standbys > 0
+        )
         if trainer is None:
-            if link.closed:
-                self._keeper = None
-            _note(log, f"cold start: {problem}")
+            if problem:
+                _note(log, f"cold start: {problem}")
             return None
         _note(log, f"warm start: the standby (pid {trainer.pid}) runs the entrypoint")
         return trainer

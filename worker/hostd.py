@@ -92,6 +92,16 @@ def handle(op: str, args: dict[str, Any]) -> Any:
         return True
     if op == "stop_job":
         return proctl.stop_job(str(args["job_id"]), float(args["grace"]))
+    if op == "standbys":  # this user's standby keepers here (worker.keepers)
+        from dataclasses import asdict
+
+        from worker import keepers
+
+        if args["action"] == "release":
+            return keepers.release(str(args["job_id"]))
+        if args["action"] == "clear":
+            return keepers.clear()
+        return [asdict(entry) for entry in keepers.entries()]
     if op == "remove":  # a directory tree we made (preflight tokens)
         shutil.rmtree(args["path"], ignore_errors=True)
         return True

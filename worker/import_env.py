@@ -16,13 +16,22 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from worker.spec import ENV_ATTEMPT, ENV_TASK_DIR
+from worker.spec import (
+    ENV_ATTEMPT,
+    ENV_JOB_DIR,
+    ENV_JOB_ID,
+    ENV_PROGRESS_FILE,
+    ENV_TASK_DIR,
+)
 
 # Inherited variables that change what importing TensorFlow does (also what a standby's
-# fingerprint covers); TF_CONFIG and the attempt are read later, and differ every attempt.
+# fingerprint covers); TF_CONFIG, the job and the attempt are read later, and differ every
+# attempt or job: a standby is made without them (it may serve the user's next job).
 IMPORT_PREFIXES = ("PATH", "LD_", "PYTHON", "CUDA", "TF_", "XLA", "OMP_", "MKL", "NCCL",
                    "KMP_", "VIRTUAL_ENV", "ORCHESTRATE_")  # fmt: skip
-PER_ATTEMPT = frozenset({"TF_CONFIG", ENV_ATTEMPT})
+PER_JOB = frozenset(
+    {"TF_CONFIG", ENV_ATTEMPT, ENV_JOB_ID, ENV_JOB_DIR, ENV_TASK_DIR, ENV_PROGRESS_FILE}
+)
 # What a script may set before its import that the import itself reads. PATH, LD_* and PYTHON*
 # are read when the interpreter starts, cold or warm: a script setting them changes neither.
 SCRIPT_PREFIXES = ("TF_", "CUDA", "XLA", "OMP_", "MKL", "KMP_", "NCCL")
@@ -38,7 +47,7 @@ ENV_UNDONE = "ORCHESTRATE_WARM_UNDONE"  # set in the cold start that follows: wh
 
 
 def import_relevant(name: str) -> bool:
-    return name.startswith(IMPORT_PREFIXES) and name not in PER_ATTEMPT
+    return name.startswith(IMPORT_PREFIXES) and name not in PER_JOB
 
 
 def changed(before: Mapping[str, str], now: Mapping[str, str]) -> list[str]:

@@ -208,12 +208,21 @@ def _environ_has(pid: int, marker: bytes) -> bool:
         return False
 
 
+def _warm_trainers(job_id: str) -> set[int]:
+    """The job's trainers that were standbys started before it (worker.keepers)."""
+    from worker.keepers import trainers_of
+
+    return set(trainers_of(job_id))
+
+
 def is_job_process(pid: int, job_id: str) -> bool:
-    """A live process (> 1, not a zombie) started with this job's id in its environment."""
+    """A live process (> 1, not a zombie) started with this job's id in its environment, or a
+    warm trainer its keeper says serves the job."""
     fields = _stat_fields(pid) if pid > 1 else None
     if fields is None or fields[0] in ("Z", "X"):
         return False
-    return _environ_has(pid, f"\0ORCHESTRATE_JOB_ID={job_id}\0".encode())
+    marker = f"\0ORCHESTRATE_JOB_ID={job_id}\0".encode()
+    return _environ_has(pid, marker) or pid in _warm_trainers(job_id)
 
 
 def _net_namespace(pid: int | str) -> str | None:
@@ -224,11 +233,13 @@ def _net_namespace(pid: int | str) -> str | None:
 
 
 def find_job(job_id: str) -> list[tuple[int, int, str]]:
-    """Every live process of ours that carries ORCHESTRATE_JOB_ID=job_id in its environment,
-    in this host's network namespace: (pid, process group, identity). (Agents and trainers
-    live in the namespace of the helper that started them; machines that share one kernel,
-    as network namespaces do, must not stop each other's tasks.)"""
+    """Every live process of ours that carries ORCHESTRATE_JOB_ID=job_id in its environment
+    (or is the job's warm trainer, worker.keepers), in this host's network namespace: (pid,
+    process group, identity). (Agents and trainers live in the namespace of the helper that
+    started them; machines that share one kernel, as network namespaces do, must not stop
+    each other's tasks.)"""
     marker = f"\0ORCHESTRATE_JOB_ID={job_id}\0".encode()
+    warm = _warm_trainers(job_id)
     found = []
     me = os.getpid()
     here = _net_namespace("self")
@@ -239,7 +250,9 @@ def find_job(job_id: str) -> list[tuple[int, int, str]]:
         if _net_namespace(pid) != here:
             continue
         fields = _stat_fields(pid)
-        if fields is None or fields[0] in ("Z", "X") or not _environ_has(pid, marker):
+        if fields is None or fields[0] in ("Z", "X"):
+            continue
+        if pid not in warm and not _environ_has(pid, marker):
             continue
         ident = identity(pid)
         if ident is not None:

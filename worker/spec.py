@@ -164,6 +164,10 @@ class WorkerSpec:
     warm_restart: bool = False
     # How long the task's standby keeper waits for the next attempt's agent before it ends.
     standby_linger: float = 60.0
+    # After the job: how long a ready standby is kept for this user's next job (same Python
+    # and environment), and the most memory this user's kept standbys on a host may hold.
+    keep_standbys: float = 0.0
+    keep_standbys_bytes: int = 0
     # Sample the trainer's resources at every heartbeat (worker.resources) and time its waits.
     sample_resources: bool = True
     # Seconds from the job's launch to this spec, by the coordinator's clock: the agent adds its

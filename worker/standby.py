@@ -41,7 +41,6 @@ import select
 import signal
 import socket
 import struct
-import subprocess
 import sys
 import time
 from typing import Any
@@ -49,11 +48,14 @@ from typing import Any
 if __package__ in (None, ""):  # run as a file (python .../worker/standby.py): import as a package
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from worker.children import BOOTSTRAP, die_with_parent
+from worker import keepers
 from worker.private_dir import private_dir
+from worker.standby_child import Child, rss_bytes
 
 READY = b"ready\n"
 MAX_STANDBY_DEATHS = 3
+MAX_KEPT = 64  # standbys kept for one environment on one host
+KEPT_ESTIMATE = 600 << 20  # what a standby still importing will hold, about
 
 
 def socket_path(job_id: str, task_index: int) -> str:
@@ -67,62 +69,31 @@ def socket_path(job_id: str, task_index: int) -> str:
     return os.path.join(private_dir("standby"), name)
 
 
+def kept_socket_path(fingerprint: str, n: int) -> str:
+    """The n-th socket of standbys kept for the next job under this fingerprint, on this host."""
+    name = f"kept-{fingerprint[:16]}-{n}-{socket.gethostname()}.sock"
+    if len(name) > 60:
+        name = "kept-" + hashlib.sha256(name.encode()).hexdigest()[:32] + ".sock"
+    return os.path.join(private_dir("standby"), name)
+
+
 def _say(message: str) -> None:
     with contextlib.suppress(OSError, ValueError):
         print(f"[orchestrate] keeper: {message}", file=sys.stderr, flush=True)
 
 
-def rss_bytes(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/statm") as fh:
-            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return 0
-
-
-class Child:
-    """A standby interpreter (until activated: then the trainer), our child in its own session."""
-
-    def __init__(self, python: str, env: dict[str, str], fingerprint: str, log: str) -> None:
-        self.fingerprint = fingerprint
-        ours, theirs = socket.socketpair()
-        with open(log, "ab") as out:
-            self.proc = subprocess.Popen(
-                [python, BOOTSTRAP, "--standby", str(theirs.fileno())],
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                pass_fds=(theirs.fileno(),),
-                start_new_session=True,
-                preexec_fn=die_with_parent,  # the keeper gone: nothing of ours lives on
-            )
-        theirs.close()
-        self.control = ours
-        self.ready = False
-        self.active = False
-        self.pidfd = os.pidfd_open(self.proc.pid)
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except OSError:
-                self.proc.kill()
-        self.proc.wait()
-        self.close()
-
-    def close(self) -> None:
-        self.control.close()
-        with contextlib.suppress(OSError):
-            os.close(self.pidfd)
-
-
 class Keeper:
-    def __init__(self, job_id: str, task_index: int, linger: float, log: str) -> None:
+    def __init__(self, job_id: str, task_index: int, linger: float, log: str, keep: float,
+                 keep_bytes: int) -> None:  # fmt: skip
+        self.job_id = job_id
+        self.task_index = task_index
         self.linger = linger
         self.log = log
-        self.server = _bind(socket_path(job_id, task_index))
+        self.keep = keep  # seconds a standby is kept for the next job (0: never)
+        self.keep_bytes = keep_bytes  # the most memory this user's kept standbys here may hold
+        self.kept_until: float | None = None  # kept for the next job until then (monotonic)
+        self.socket = socket_path(job_id, task_index)
+        self.server = _bind(self.socket)
         self.server.listen(4)
         self.agent: socket.socket | None = None
         self.agent_buffer = b""
@@ -131,6 +102,64 @@ class Keeper:
         self.alone_since: float | None = None  # no agent connected since then
         self.prepared: dict[str, Any] | None = None  # the latest prepare request
         self.deaths = 0  # standbys that died while waiting
+
+    def record(self) -> None:
+        standby = self.standby
+        keepers.record(keepers.KeeperEntry(
+            pid=os.getpid(), host=socket.gethostname(),
+            job="" if self.kept_until is not None else self.job_id, task=self.task_index,
+            state="kept" if self.kept_until is not None else "serving",
+            fingerprint=standby.fingerprint if standby else "",
+            standby=standby.proc.pid if standby else 0,
+            standby_ready=bool(standby and standby.ready),
+            trainer=self.trainer.proc.pid if self.trainer else 0,
+            rss=rss_bytes(standby.proc.pid) if standby else 0,
+            kept_left=0.0, kept_until=self.kept_until or 0.0, socket=self.socket,
+        ))  # fmt: skip
+
+    def _rebind(self, path: str) -> bool:
+        """Listen at `path` instead (kept: a name the next job finds by fingerprint; adopted:
+        the new job's task name); False when that name is served already."""
+        try:
+            server = _bind(path)
+        except OSError:
+            return False
+        server.listen(4)
+        self.server.close()
+        with contextlib.suppress(OSError):
+            os.unlink(self.socket)
+        self.server, self.socket = server, path
+        return True
+
+    def _keep_or_end(self) -> bool:
+        """The job is over (released, or no agent for `linger`): keep the standby for the next
+        job of this user, Python and environment, within the time and memory budget; False:
+        end (the caller ends the standby)."""
+        standby = self.standby
+        if self.keep <= 0 or standby is None or standby.proc.poll() is not None:
+            return False
+        if self.kept_until is not None:  # kept already
+            return True
+        size = max(rss_bytes(standby.proc.pid), 0 if standby.ready else KEPT_ESTIMATE)
+        available, total = keepers.memory_available()
+        with keepers.budget_lock():
+            held = keepers.kept_bytes(but=os.getpid())
+            if held + size > self.keep_bytes:
+                _say(f"not kept: {(held + size) >> 20} MB would pass the budget "
+                     f"({self.keep_bytes >> 20} MB)")  # fmt: skip
+                return False
+            if total and available < total // 10:
+                _say(f"not kept: {available >> 20} MB available; 10% of memory is kept free")
+                return False
+            for n in range(MAX_KEPT):
+                if self._rebind(kept_socket_path(standby.fingerprint, n)):
+                    break
+            else:
+                return False
+            self.kept_until = time.monotonic() + self.keep
+            self.record()
+        _say(f"standby {standby.proc.pid} kept for the next job, {self.keep:g}s at most")
+        return True
 
     def _send(self, message: dict[str, Any]) -> None:
         if self.agent is not None:
@@ -167,6 +196,7 @@ class Keeper:
         ):
             self.standby.kill()  # another environment, or it died: replaced, never used
             self.standby = None
+        self.log = str(request.get("log", self.log))  # the task's (of the job it serves now)
         if self.standby is None:
             self.standby = Child(request["python"], request["env"], request["fingerprint"],
                                  self.log)  # fmt: skip
@@ -180,6 +210,9 @@ class Keeper:
         self.standby.close()
         self.standby = None
         self.deaths += 1
+        self.record()
+        if self.kept_until is not None:  # kept: nobody to prepare it for
+            return
         if self.prepared is not None and self.deaths <= MAX_STANDBY_DEATHS:
             self._prepare(self.prepared)
 
@@ -194,6 +227,8 @@ class Keeper:
             standby.close()
             return {"ok": False, "reason": f"the standby died (exit {standby.proc.returncode})"}
         if standby.fingerprint != request["fingerprint"]:
+            if self.kept_until is not None:  # kept for another environment: left for it
+                return {"ok": False, "reason": "a standby kept for another environment"}
             self.standby = None
             standby.kill()
             return {"ok": False, "reason": "the environment or Python changed"}
@@ -208,6 +243,11 @@ class Keeper:
             return {"ok": False, "reason": f"the standby did not take it ({exc})"}
         standby.active = True
         self.trainer, self.standby = standby, None
+        job_id, task_index = str(request["job_id"]), int(request["task_index"])
+        if (job_id, task_index) != (self.job_id, self.task_index):  # adopted by the next job
+            self.job_id, self.task_index, self.kept_until = job_id, task_index, None
+            self._rebind(socket_path(job_id, task_index))
+        self.record()
         return {"ok": True, "pid": standby.proc.pid}
 
     def _on_agent_data(self) -> None:
@@ -225,8 +265,14 @@ class Keeper:
             request = json.loads(line)
             if request["op"] == "prepare":
                 self._send(self._prepare(request))
+                self.record()
             elif request["op"] == "activate":
                 self._send(self._activate(request))
+            elif request["op"] == "release":  # the job ended (worker.keepers.release)
+                kept = self._keep_or_end()
+                self._send({"ok": True, "kept": kept})
+                if not kept:
+                    raise SystemExit(0)  # main() ends the standby
 
     def serve(self) -> int:
         self.alone_since = time.monotonic()
@@ -253,6 +299,7 @@ class Keeper:
                         self.standby.ready = True
                         pid = self.standby.proc.pid
                         self._send({"standby": pid, "rss": rss_bytes(pid)})
+                        self.record()
                 elif self.standby is not None and item == self.standby.pidfd:
                     self._replace_dead_standby()
                 elif self.trainer is not None and item == self.trainer.pidfd:
@@ -261,13 +308,17 @@ class Keeper:
                     self.trainer.close()
                     self.trainer = None
                     self._send({"exit": code})
-            if (
-                self.agent is None
-                and self.alone_since is not None
+                    self.record()
+            if self.agent is not None or self.trainer is not None:
+                continue
+            if self.kept_until is not None:  # kept: until its time is up or its standby dies
+                if self.standby is None or time.monotonic() > self.kept_until:
+                    return 0
+            elif (
+                self.alone_since is not None
                 and time.monotonic() - self.alone_since > self.linger
+                and not self._keep_or_end()
             ):
-                if self.standby is not None:
-                    self.standby.kill()
                 return 0
 
 
@@ -301,8 +352,9 @@ def _bind(path: str) -> socket.socket:
 
 def main(argv: list[str]) -> int:
     job_id, task_index, linger, log = argv[0], int(argv[1]), float(argv[2]), argv[3]
+    keep, keep_bytes = float(argv[4]), int(argv[5])
     try:
-        keeper = Keeper(job_id, task_index, linger, log)
+        keeper = Keeper(job_id, task_index, linger, log, keep, keep_bytes)
     except NameTaken as exc:  # another keeper serves this task: the agent uses that one
         _say(f"not started: {exc}")
         return 0
@@ -310,12 +362,16 @@ def main(argv: list[str]) -> int:
         _say(f"cannot serve warm restarts: {exc}")
         return 3
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
+    keeper.record()
     try:
         return keeper.serve()
     finally:  # a stop or the end of the job: nothing of ours lives on (PDEATHSIG does too)
         for child in (keeper.standby, keeper.trainer):
             if child is not None:
                 child.kill()
+        keepers.forget(os.getpid())
+        with contextlib.suppress(OSError):
+            os.unlink(keeper.socket)
 
 
 if __name__ == "__main__":

@@ -20,9 +20,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from worker.import_env import PER_ATTEMPT, import_relevant, undone_reason
+from worker.import_env import PER_JOB, import_relevant, undone_reason
+from worker.keepers import memory_available
 from worker.spec import ENV_JOB_ID, WorkerSpec
-from worker.standby import socket_path
+from worker.standby import MAX_KEPT, kept_socket_path, socket_path
+from worker.standby_child import ENV_STANDBY
 
 STANDBY = str(Path(__file__).resolve().with_name("standby.py"))
 STANDBY_ESTIMATE = 800 << 20  # bytes a standby needs, about (TensorFlow and tf-keras imported)
@@ -30,12 +32,12 @@ REPLY_TIMEOUT = 10.0
 
 
 def standby_env(trainer_env: dict[str, str]) -> dict[str, str]:
-    return {k: v for k, v in trainer_env.items() if k not in PER_ATTEMPT}
+    return {k: v for k, v in trainer_env.items() if k not in PER_JOB}
 
 
 def fingerprint(trainer_env: dict[str, str], python: str, user_env: dict[str, str]) -> str:
-    """What a standby was made under: Python (its file, as it is now) and the variables that
-    shape the import. A standby whose fingerprint differs is replaced, never used."""
+    """What a standby was made under: Python (its file, as it is now), this worker package and the
+    variables that shape the import. A standby whose fingerprint differs is replaced, never used."""
     try:
         stat = os.stat(os.path.realpath(python))
         binary = f"{os.path.realpath(python)}:{stat.st_ino}:{stat.st_mtime_ns}"
@@ -44,21 +46,8 @@ def fingerprint(trainer_env: dict[str, str], python: str, user_env: dict[str, st
     relevant = {
         k: v for k, v in standby_env(trainer_env).items() if k in user_env or import_relevant(k)
     }
-    blob = json.dumps([binary, sorted(relevant.items())])
+    blob = json.dumps([binary, STANDBY, sorted(relevant.items())])  # and this worker package
     return hashlib.sha256(blob.encode()).hexdigest()[:32]
-
-
-def memory_available() -> tuple[int, int]:
-    """(MemAvailable, MemTotal) in bytes; (0, 0) when unknown."""
-    values: dict[str, int] = {}
-    try:
-        with open("/proc/meminfo") as fh:
-            for line in fh:
-                name, _, rest = line.partition(":")
-                values[name] = int(rest.split()[0]) * 1024
-    except (OSError, ValueError, IndexError):
-        return 0, 0
-    return values.get("MemAvailable", 0), values.get("MemTotal", 0)
 
 
 def room_for_standby() -> str:
@@ -91,21 +80,17 @@ class KeeperLink:
 
     @classmethod
     def connect(
-        cls, job_id: str, task_index: int, on_standby: Callable[[int, int], None]
+        cls, path: str, on_standby: Callable[[int, int], None]
     ) -> tuple[KeeperLink | None, str]:
-        """The link to this task's keeper, verified before anything is sent; (None, '') when no
-        keeper listens, (None, why) when the socket is not to be trusted."""
-        try:
-            path = socket_path(job_id, task_index)
-        except OSError as exc:
-            return None, f"no private directory for the keeper's socket: {exc}"
+        """The link to the keeper at `path`, verified before anything is sent; (None, '') when
+        no keeper listens, (None, why) when one is not to be trusted."""
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.connect(path)
         except OSError:
             sock.close()
             return None, ""
-        problem = _not_our_keeper(sock, job_id, task_index)
+        problem = _not_our_keeper(sock)
         if problem:
             sock.close()
             return None, problem
@@ -149,11 +134,17 @@ class KeeperLink:
     def request(self, message: dict[str, Any]) -> dict[str, Any]:
         try:
             self.sock.sendall(json.dumps(message).encode() + b"\n")
-            return self.replies.get(timeout=REPLY_TIMEOUT)
-        except (OSError, queue.Empty) as exc:
+        except OSError as exc:
             return {"ok": False, "reason": f"the keeper did not answer ({exc})"}
+        deadline = time.monotonic() + REPLY_TIMEOUT
+        while time.monotonic() < deadline:
+            with contextlib.suppress(queue.Empty):
+                return self.replies.get(timeout=0.05)
+            if self.lost.is_set():  # closed: serving another agent, or gone
+                break
+        return {"ok": False, "reason": "the keeper did not answer"}
 
-    def activate(self, job_id: str, order: dict[str, Any]) -> tuple[WarmTrainer | None, str]:
+    def activate(self, order: dict[str, Any]) -> tuple[WarmTrainer | None, str]:
         """Have the keeper run this attempt's trainer in its standby: (the trainer, '') or
         (None, why the start is cold). A pid the keeper names is verified before it becomes a
         trainer; one that fails the check closes this link (the keeper is not trusted)."""
@@ -161,7 +152,7 @@ class KeeperLink:
         if not reply.get("ok"):
             return None, str(reply.get("reason", "no standby"))[:200]
         pid = reply.get("pid")
-        problem = verify_trainer(pid, self.keeper_pid, job_id)
+        problem = verify_trainer(pid, self.keeper_pid)
         if problem:  # never signalled, never recorded
             self.close()
             return None, problem
@@ -181,6 +172,40 @@ class KeeperLink:
             self.sock.close()
 
 
+def warm_start(
+    job_id: str,
+    task_index: int,
+    order: dict[str, Any],
+    on_standby: Callable[[int, int], None],
+    keep: bool,
+) -> tuple[WarmTrainer | None, KeeperLink | None, str]:
+    """This attempt's trainer from the task's own keeper or, when it has none yet (and `keep`),
+    from a standby kept from this user's last job under the same fingerprint: (the trainer,
+    the keeper, ''), or (None, the task's own keeper if any, why the start is cold; '' when
+    there was no keeper to ask)."""
+    try:
+        own = socket_path(job_id, task_index)
+        kept = [kept_socket_path(order["fingerprint"], n) for n in range(MAX_KEPT)] if keep else []
+    except OSError as exc:
+        return None, None, f"no private directory for the keeper's socket: {exc}"
+    why = ""
+    for path in [own, *kept]:
+        link, problem = KeeperLink.connect(path, on_standby)
+        if link is None:
+            if problem and path == own:
+                return None, None, problem
+            why = problem or why
+            continue
+        trainer, problem = link.activate(order)
+        if trainer is not None:
+            return trainer, link, ""
+        if path == own:  # the task's keeper: kept to prepare the next attempt's standby
+            return None, None if link.closed else link, problem
+        link.close()  # a kept one busy with another task, or not ready: the next one
+        why = problem
+    return None, None, why
+
+
 def _peer(sock: socket.socket) -> tuple[int, int]:
     """(pid, uid) of the process at the other end of a unix socket, from the kernel."""
     creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
@@ -196,27 +221,20 @@ def _argv(pid: int) -> list[str]:
         return []
 
 
-def _not_our_keeper(sock: socket.socket, job_id: str, task_index: int) -> str:
-    """'' when the process serving the socket is this user's keeper of this job's task."""
+def _not_our_keeper(sock: socket.socket) -> str:
+    """'' when the process serving the socket is a keeper of this user's, from this copy of the
+    worker package (the socket is in our private directory: nobody else could bind it)."""
     pid, uid = _peer(sock)
     if uid != os.getuid():
         return f"the keeper's socket is served by uid {uid}, not by us"
     argv = _argv(pid)
-    ours = (
-        len(argv) >= 4
-        and os.path.realpath(argv[1]) == STANDBY
-        and argv[2:4]
-        == [
-            job_id,
-            str(task_index),
-        ]
-    )
-    return "" if ours else f"the keeper's socket is served by pid {pid}, not this task's keeper"
+    ours = len(argv) >= 2 and os.path.realpath(argv[1]) == STANDBY
+    return "" if ours else f"the keeper's socket is served by pid {pid}, not a keeper of ours"
 
 
-def verify_trainer(pid: object, keeper_pid: int, job_id: str) -> str:
-    """'' when `pid`, as the keeper named it, is the keeper's child carrying this job's id: the
-    only pid the agent will signal. A pid told by another process is a claim, not a fact."""
+def verify_trainer(pid: object, keeper_pid: int) -> str:
+    """'' when `pid`, as the keeper named it, is the keeper's child and a standby (one it made):
+    the only pid the agent will signal. A pid told by another process is a claim, not a fact."""
     if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 1:
         return f"the keeper named pid {pid!r}"
     try:
@@ -228,8 +246,8 @@ def verify_trainer(pid: object, keeper_pid: int, job_id: str) -> str:
         return f"the keeper named pid {pid}, which is gone"
     if parent != keeper_pid:
         return f"the keeper named pid {pid}, which is not its child"
-    if f"{ENV_JOB_ID}={job_id}".encode() not in environ:
-        return f"the keeper named pid {pid}, which is not of this job"
+    if f"{ENV_STANDBY}=1".encode() not in environ:
+        return f"the keeper named pid {pid}, which is not a standby"
     return ""
 
 
@@ -249,25 +267,30 @@ def prepare_standby(
         note(f"no warm standby on this host: {short}")
         return keeper
     if keeper is None:
-        keeper, problem = start_keeper(spec.job_id, spec.task_index, spec.standby_linger,
-                                       f"{task_dir}/standby.log", ready)  # fmt: skip
+        keeper, problem = start_keeper(spec, f"{task_dir}/standby.log", ready)
         if keeper is None:
             note(f"no warm standby: {problem}")
             return None
     python = spec.argv[0]
     keeper.request({"op": "prepare", "fingerprint": fingerprint(env, python, spec.env),
-                    "env": standby_env(env), "python": python})  # fmt: skip
+                    "env": standby_env(env), "python": python,
+                    "log": f"{task_dir}/standby.log"})  # fmt: skip
     return keeper
 
 
 def start_keeper(
-    job_id: str, task_index: int, linger: float, log: str, on_standby: Callable[[int, int], None]
+    spec: WorkerSpec, log: str, on_standby: Callable[[int, int], None]
 ) -> tuple[KeeperLink | None, str]:
-    """Start the task's keeper (its own session: it outlives this agent) and connect to it;
-    (None, why) when it cannot be used."""
+    """Start the task's keeper (its own session: it outlives this agent, and it may serve the
+    user's next job, so it carries no job id) and connect to it; (None, why) when it cannot be
+    used."""
+    job_id, task_index = spec.job_id, spec.task_index
+    argv = [sys.executable, STANDBY, job_id, str(task_index), str(spec.standby_linger), log,
+            str(spec.keep_standbys), str(spec.keep_standbys_bytes)]  # fmt: skip
     with open(log, "ab") as out:
         subprocess.Popen(
-            [sys.executable, STANDBY, job_id, str(task_index), str(linger), log],
+            argv,
+            env={k: v for k, v in os.environ.items() if k != ENV_JOB_ID},
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -275,7 +298,10 @@ def start_keeper(
         )
     deadline = time.monotonic() + 5.0
     while time.monotonic() < deadline:
-        link, problem = KeeperLink.connect(job_id, task_index, on_standby)
+        try:
+            link, problem = KeeperLink.connect(socket_path(job_id, task_index), on_standby)
+        except OSError as exc:
+            return None, f"no private directory for the keeper's socket: {exc}"
         if link is not None or problem:
             return link, problem
         time.sleep(0.05)

@@ -20,7 +20,7 @@ from orchestrator.store import JobRecord
 from orchestrator.transport.base import Transport
 from worker.spec import JobLayout
 
-STANDBY_SWEEP_GRACE = 2.0
+STANDBY_CALL_TIMEOUT = 30.0
 
 
 class AgentHosts:
@@ -78,6 +78,7 @@ class AgentHosts:
     def sweep(self, job: JobRecord, grace: float) -> Sweep:
         labels = self.labels()
         results = each(range(len(labels)), lambda h: self.transport(h).stop_job(job.id, grace))
+        self.end_standbys(job.id)
         return Sweep(
             unreachable={labels[h]: results.reason(h, labels[h]) for h in results.failed},
             left={labels[h]: pids for h, pids in results.succeeded.items() if pids},
@@ -86,11 +87,26 @@ class AgentHosts:
         )
 
     def end_standbys(self, job_id: str) -> None:
-        """A host that does not answer keeps its keeper until the keeper's own linger ends."""
+        """Each keeper of the job keeps its standby for the next job (within its budget) or
+        ends; a host that does not answer leaves its keepers to decide when their linger ends."""
         each(
             range(self.host_count()),
-            lambda h: self.transport(h).stop_job(job_id, STANDBY_SWEEP_GRACE),
+            lambda h: self.transport(h).worker_call(
+                "standbys", {"action": "release", "job_id": job_id}, timeout=STANDBY_CALL_TIMEOUT
+            ),
         )
+
+    def standbys(self, clear: bool) -> HostResults[int, list[dict[str, Any]]]:
+        """What each host keeps (worker.keepers' entries); `clear`: end them first."""
+
+        def one(h: int) -> list[dict[str, Any]]:
+            if clear:
+                self.transport(h).worker_call("standbys", {"action": "clear"})
+            return self.transport(h).worker_call(
+                "standbys", {"action": "list"}, timeout=STANDBY_CALL_TIMEOUT
+            )
+
+        return each(range(self.host_count()), one)
 
     def finish(self, layout: JobLayout, succeeded: bool) -> None:
         """Nothing held beyond the processes."""

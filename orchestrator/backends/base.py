@@ -113,7 +113,13 @@ class Backend(Protocol):
         ...
 
     def end_standbys(self, job_id: str) -> None:
-        """The job ended: no standby of it waits for a next attempt."""
+        """The job ended: no standby of it waits for a next attempt; each is kept for the
+        user's next job (within the budget) or ends."""
+        ...
+
+    def standbys(self, clear: bool) -> HostResults[int, list[dict[str, Any]]]:
+        """The standbys this user keeps between jobs on each host (worker.keepers' entries);
+        `clear`: end them first."""
         ...
 
     def finish(self, layout: JobLayout, succeeded: bool) -> None:

@@ -159,6 +159,10 @@ class SlurmHosts:
     def end_standbys(self, job_id: str) -> None:
         """None: a step's tasks end with it."""
 
+    def standbys(self, clear: bool) -> HostResults[int, list[dict[str, Any]]]:
+        """None kept: a step's processes end with it."""
+        return HostResults((), {}, {})
+
     def finish(self, layout: JobLayout, succeeded: bool) -> None:
         self.release(layout, succeeded)
 

@@ -307,6 +307,11 @@ class RestartSection(_Model):
     # restart runs the entrypoint in it (no interpreter start, no import). Not on Slurm (a step
     # ends with every process in it) nor with entrypoint.instrument = false.
     warm_restart: bool = True
+    # Warm relaunches: when the job ends, each task's ready standby is kept this long for this
+    # user's next job with the same Python and environment (the edit-run loop); 0: never kept.
+    keep_standbys: Annotated[Seconds, Field(ge=0)] = 600.0
+    # The most memory (MB) this user's kept standbys may hold on one host; past it, not kept.
+    keep_standbys_mb: Annotated[int, Field(ge=0, le=1 << 20)] = 4096
 
 
 class StrategySection(_Model):

@@ -1,0 +1,150 @@
+"""Warm relaunches: when a job ends, each task's ready standby is kept for this user's next job
+with the same Python and environment ([restart] keep_standbys), and the next launch starts in
+it. Real TensorFlow MWMS on the CPU, with a script that imports nothing of ours
+(tests/fixtures/plain_fit.py); `orchestrate standbys` shows and ends what is kept."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import (
+    REPO,
+    CliResult,
+    launch_detached,
+    two_worker_config,
+    wait_for,
+    wait_for_end,
+)
+from worker.proctl import is_alive
+
+pytestmark = pytest.mark.slow
+PLAIN_FIT = REPO / "tests" / "fixtures" / "plain_fit.py"
+WARM = re.compile(r"warm start: the standby \(pid (\d+)\) runs the entrypoint")
+
+
+def _config(tmp_path: Path, restart: str = "", env: str = "") -> Path:
+    backup = tmp_path / "shared" / "backup"
+    entry = (
+        f'script = "{PLAIN_FIT}"\n'
+        f'args = ["--epochs", "3", "--backup-dir", "{backup}"]\n'
+        f'env = {{ TF_CPP_MIN_LOG_LEVEL = "2", SHOW_STARTUP = "1"{env} }}'
+    )
+    return two_worker_config(tmp_path, "relaunch", entry, restart=restart)
+
+
+def _log(tmp_path: Path, job_id: str, task: int) -> str:
+    return (tmp_path / "shared" / job_id / "logs" / f"worker-{task}.log").read_text()
+
+
+def _startups(log: str) -> list[dict]:
+    return [json.loads(m) for m in re.findall(r"^startup (\{.*\})$", log, re.M)]
+
+
+def _kept(cli: Callable[..., CliResult], config: Path) -> list[dict]:
+    result = cli("standbys", str(config), "--json")
+    assert result.code == 0, result
+    (host,) = json.loads(result.out)["hosts"]
+    assert host["error"] is None, host
+    return [k for k in host["keepers"] if k["state"] == "kept"]
+
+
+def _run(cli: Callable[..., CliResult], config: Path, reap: list[int]) -> str:
+    job_id = launch_detached(cli, config, reap)
+    job = wait_for_end(cli, job_id, timeout=300)
+    assert job["state"] == "succeeded", job["last_cause"]
+    return job_id
+
+
+def test_a_relaunch_starts_in_the_standbys_the_last_job_kept(
+    tmp_path: Path, cli: Callable[..., CliResult], reap_pids: list[int]
+) -> None:
+    config = _config(tmp_path)
+    first = _run(cli, config, reap_pids)
+    kept = _kept(cli, config)
+    assert len(kept) == 2 and all(k["job"] == "" and k["standby"] for k in kept), kept
+    reap_pids.extend(p for k in kept for p in (k["pid"], k["standby"]))
+    standbys = {k["standby"] for k in kept}
+    text = cli("standbys", str(config)).out
+    assert text.count("kept, standby") == 2 and "MB" in text and "s left" in text, text
+
+    second = _run(cli, config, reap_pids)
+    used = set()
+    for i in (0, 1):
+        log = _log(tmp_path, second, i)
+        warm = WARM.search(log)
+        assert warm, log
+        used.add(int(warm[1]))
+        (startup,) = _startups(log)
+        # The script ran once, in an interpreter that had imported TensorFlow, and saw this
+        # job's TF_CONFIG and directory, not the first job's.
+        assert startup["tf_imported"] and startup["attempt"] == "0" and startup["runs"] == 1
+        assert json.loads(startup["tf_config"])["task"] == {"type": "worker", "index": i}
+        assert "warm start" not in _log(tmp_path, first, i)  # the first launch was cold
+    assert used == standbys
+    # The keepers the second job adopted keep the standbys they made for it in turn.
+    again = _kept(cli, config)
+    assert len(again) == 2 and not {k["standby"] for k in again} & standbys, again
+    reap_pids.extend(p for k in again for p in (k["pid"], k["standby"]))
+
+    result = cli("standbys", str(config), "--clear")
+    assert result.code == 0 and "nothing kept" in result.out, result
+    assert not any(is_alive(p) for k in again for p in (k["pid"], k["standby"]))
+
+
+@pytest.mark.parametrize(
+    ("restart", "why"),
+    [
+        ("keep_standbys = 0", "off"),
+        ("keep_standbys_mb = 100", "not kept: "),  # a standby holds about 560 MB
+    ],
+)
+def test_nothing_is_kept_when_keeping_is_off_or_past_its_memory_budget(
+    tmp_path: Path, cli: Callable[..., CliResult], reap_pids: list[int], restart: str, why: str
+) -> None:
+    config = _config(tmp_path, restart=restart)
+    job_id = _run(cli, config, reap_pids)
+    assert _kept(cli, config) == []
+    standby_log = "".join(
+        (tmp_path / "shared" / job_id / "tasks" / str(i) / "standby.log").read_text()
+        for i in (0, 1)
+    )
+    if why != "off":
+        assert "would pass the budget (100 MB)" in standby_log, standby_log
+
+
+def test_a_kept_standby_ends_when_its_time_is_up(
+    tmp_path: Path, cli: Callable[..., CliResult], reap_pids: list[int]
+) -> None:
+    config = _config(tmp_path, restart="keep_standbys = 6")
+    _run(cli, config, reap_pids)
+    kept = _kept(cli, config)
+    assert len(kept) == 2 and all(k["kept_left"] <= 6 for k in kept), kept
+    pids = [p for k in kept for p in (k["pid"], k["standby"])]
+    reap_pids.extend(pids)
+    wait_for(lambda: not any(is_alive(p) for p in pids), 15)
+    assert _kept(cli, config) == []
+
+
+def test_a_relaunched_script_that_sets_import_time_variables_itself_starts_over_cold(
+    tmp_path: Path, cli: Callable[..., CliResult], reap_pids: list[int]
+) -> None:
+    """The warm first start of a relaunch: the script sets TF_ENABLE_ONEDNN_OPTS before its own
+    `import tensorflow`, which the kept standby had imported without it: it starts over cold in
+    the same process and trains."""
+    config = _config(tmp_path, env=', SET_BEFORE_IMPORT = "TF_ENABLE_ONEDNN_OPTS=0"')
+    _run(cli, config, reap_pids)
+    kept = _kept(cli, config)
+    assert len(kept) == 2, kept
+    reap_pids.extend(p for k in kept for p in (k["pid"], k["standby"]))
+    second = _run(cli, config, reap_pids)
+    for i in (0, 1):
+        log = _log(tmp_path, second, i)
+        assert WARM.search(log), log
+        runs = [(s["attempt"], s["tf_imported"]) for s in _startups(log)]
+        assert runs == [("0", True), ("0", False)], runs  # warm, then over cold: one process
+        assert "TF_ENABLE_ONEDNN_OPTS before importing TensorFlow" in log

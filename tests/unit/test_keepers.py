@@ -1,0 +1,121 @@
+"""worker.keepers: what a keeper records of itself is read back only while its process is a
+keeper of ours, cut to size, and garbage in its place (a trainer runs as the same user and may
+write anything there) is removed, never believed."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import wait_for
+from worker import keepers
+
+
+@pytest.fixture
+def private_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    yield tmp_path / f"orchestrate-{os.getuid()}" / "standby"
+
+
+@pytest.fixture
+def fake_keeper(tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """A process whose arguments are a keeper's (`python .../standby.py ...`), with a child."""
+    program = tmp_path / "standby.py"
+    program.write_text("import subprocess, sys, time\nsubprocess.Popen(['sleep', '60'])\n"
+                       "time.sleep(60)\n")  # fmt: skip
+    proc = subprocess.Popen([sys.executable, str(program), "job", "0"])
+    wait_for(lambda: b"standby.py" in Path(f"/proc/{proc.pid}/cmdline").read_bytes(), 10)
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def _entry(pid: int, **changes: object) -> keepers.KeeperEntry:
+    entry = keepers.KeeperEntry(
+        pid=pid, host=socket.gethostname(), job="job-a", task=0, state="serving",
+        fingerprint="f" * 32, standby=0, standby_ready=False, trainer=0, rss=1 << 20,
+        kept_left=0.0, socket="",
+    )  # fmt: skip
+    return keepers.KeeperEntry(**{**asdict(entry), **changes})
+
+
+def test_an_entry_counts_only_while_its_process_is_a_keeper_of_ours(
+    private_tmp: Path, fake_keeper: subprocess.Popen[bytes]
+) -> None:
+    keepers.record(_entry(fake_keeper.pid))
+    keepers.record(_entry(os.getpid()))  # alive, ours, but not a keeper
+    keepers.record(_entry(4_194_999))  # gone
+    assert [e.pid for e in keepers.entries()] == [fake_keeper.pid]
+    assert sorted(p.name for p in private_tmp.glob("keeper-*")) == [
+        f"keeper-{fake_keeper.pid}.json"
+    ]
+
+
+@pytest.mark.parametrize(
+    "garbage",
+    [
+        b"\x00\xff not json",
+        b"[1, 2, 3]",
+        b'{"pid": "x"}',
+        json.dumps({"pid": 1, "nothing": "else"}).encode(),
+        b"{" + b" " * (keepers.ENTRY_LIMIT + 10) + b"}",
+    ],
+)
+def test_garbage_in_an_entry_is_removed(
+    private_tmp: Path, fake_keeper: subprocess.Popen[bytes], garbage: bytes
+) -> None:
+    keepers.directory()
+    path = private_tmp / f"keeper-{fake_keeper.pid}.json"
+    path.write_bytes(garbage)
+    assert keepers.entries() == []
+    assert not path.exists()
+
+
+def test_an_entry_under_another_keepers_name_is_removed(
+    private_tmp: Path, fake_keeper: subprocess.Popen[bytes]
+) -> None:
+    keepers.directory()
+    forged = asdict(_entry(fake_keeper.pid))
+    (private_tmp / "keeper-1.json").write_text(json.dumps(forged))
+    assert keepers.entries() == []
+
+
+def test_long_strings_are_cut_and_a_claimed_trainer_must_be_the_keepers_child(
+    private_tmp: Path, fake_keeper: subprocess.Popen[bytes]
+) -> None:
+    other = subprocess.Popen(["sleep", "60"])  # ours, alive, not the keeper's child
+    try:
+        keepers.record(_entry(fake_keeper.pid, job="j" * 1000, trainer=other.pid))
+        (entry,) = keepers.entries()
+        assert entry.job == "j" * 64
+        assert keepers.trainers_of("j" * 64) == []
+        children = Path(f"/proc/{fake_keeper.pid}/task/{fake_keeper.pid}/children")
+        child = int(wait_for(lambda: children.read_text().split(), 10)[0])  # type: ignore[index]
+        keepers.record(_entry(fake_keeper.pid, trainer=child))
+        assert keepers.trainers_of("job-a") == [child]
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_kept_memory_and_what_a_host_helper_answers(
+    private_tmp: Path, fake_keeper: subprocess.Popen[bytes]
+) -> None:
+    keepers.record(_entry(fake_keeper.pid, state="kept", job="", rss=300 << 20, kept_until=1e12))
+    assert keepers.kept_bytes() == 300 << 20
+    assert keepers.kept_bytes(but=fake_keeper.pid) == 0
+    (entry,) = keepers.entries()
+    assert entry.kept_left > 1e6
+    assert keepers.parse(asdict(entry)) == entry  # the coordinator reads what a helper sent
+    for bad in (None, [], {"pid": 1}, {**asdict(entry), "rss": "many"}):
+        assert keepers.parse(bad) is None
+    assert "kept" in entry.describe() and "300 MB" in entry.describe()

@@ -1,0 +1,215 @@
+"""What this user's standby keepers (worker/standby.py) on this host are doing, for the host
+helper, the job sweep and `orchestrate standbys`.
+
+Each keeper writes `keeper-<pid>.json` in the private directory of its socket (ours alone:
+worker/private_dir.py) whenever its state changes: the job and task it serves (or none: kept
+for the next job), its standby and trainer pids, the standby's memory, and until when it is
+kept (this host's monotonic clock: only this host reads it). An entry counts only while its
+pid is alive and is a keeper of ours on this host; any other is removed. A warm trainer was
+started before its job, so its environment lacks the job's id: the entry is how a sweep or a
+stacks request finds it. Standard library only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import signal
+import socket
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, replace
+
+from worker.atomic import write_json_atomic
+from worker.private_dir import open_private, private_dir
+
+DIR_NAME = "standby"
+ENTRY_LIMIT = 4096  # bytes of one entry: anything longer was not written by a keeper
+
+
+@dataclass(frozen=True)
+class KeeperEntry:
+    pid: int
+    host: str
+    job: str  # "" while kept for the next job
+    task: int
+    state: str  # "serving" (a job's keeper) or "kept" (between jobs)
+    fingerprint: str
+    standby: int  # pid, 0: none
+    standby_ready: bool
+    trainer: int  # pid, 0: none
+    rss: int  # the standby's resident memory, bytes
+    kept_left: float  # seconds it is still kept (when kept; by this host's monotonic clock)
+    kept_until: float = 0.0  # monotonic
+    socket: str = ""  # where it listens
+
+    def describe(self) -> str:
+        what = "kept" if self.state == "kept" else f"job {self.job} worker-{self.task}"
+        standby = f"standby {self.standby}" if self.standby else "no standby"
+        ready = "" if self.standby_ready or not self.standby else " (importing)"
+        left = f", {self.kept_left:.0f}s left" if self.state == "kept" else ""
+        return f"keeper {self.pid}: {what}, {standby}{ready}, {self.rss >> 20} MB{left}"
+
+
+def memory_available() -> tuple[int, int]:
+    """(MemAvailable, MemTotal) in bytes; (0, 0) when unknown."""
+    values: dict[str, int] = {}
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                name, _, rest = line.partition(":")
+                values[name] = int(rest.split()[0]) * 1024
+    except (OSError, ValueError, IndexError):
+        return 0, 0
+    return values.get("MemAvailable", 0), values.get("MemTotal", 0)
+
+
+def directory() -> str:
+    return private_dir(DIR_NAME)
+
+
+def _path(pid: int) -> str:
+    return os.path.join(directory(), f"keeper-{pid}.json")
+
+
+def record(entry: KeeperEntry) -> None:
+    with contextlib.suppress(OSError):
+        write_json_atomic(_path(entry.pid), asdict(entry), mode=0o600)
+
+
+def forget(pid: int) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(_path(pid))
+
+
+def _is_keeper(pid: int) -> bool:
+    """pid is alive, ours, and runs a keeper (`python .../standby.py ...`)."""
+    try:
+        if os.stat(f"/proc/{pid}").st_uid != os.getuid():
+            return False
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            argv = fh.read().split(b"\0")
+    except OSError:
+        return False
+    return len(argv) > 2 and os.path.basename(argv[1]) == b"standby.py"
+
+
+def parse(raw: object) -> KeeperEntry | None:
+    """An entry from its JSON form (as a keeper or a host helper wrote it); None if it is not
+    one. Strings are cut short: nothing read here is trusted to be small."""
+    try:
+        assert isinstance(raw, dict)
+        return KeeperEntry(
+            pid=int(raw["pid"]), host=str(raw["host"])[:255], job=str(raw["job"])[:64],
+            task=int(raw["task"]), state=str(raw["state"])[:16],
+            fingerprint=str(raw["fingerprint"])[:64], standby=int(raw["standby"]),
+            standby_ready=bool(raw["standby_ready"]), trainer=int(raw["trainer"]),
+            rss=int(raw["rss"]), kept_left=float(raw.get("kept_left", 0.0)),
+            kept_until=float(raw["kept_until"]), socket=str(raw["socket"])[:200],
+        )  # fmt: skip
+    except (AssertionError, ValueError, TypeError, KeyError):
+        return None
+
+
+def _read(data: bytes) -> KeeperEntry | None:
+    try:
+        entry = parse(json.loads(data))
+    except ValueError:
+        return None
+    if entry is None or entry.state != "kept":
+        return entry
+    return replace(entry, kept_left=max(0.0, entry.kept_until - time.monotonic()))
+
+
+def entries(every_host: bool = False) -> list[KeeperEntry]:
+    """This host's live keepers of ours (`every_host`: also those of other hosts that share
+    this directory and kernel: namespaces, containers); stale or garbled entries are removed."""
+    try:
+        where = directory()
+        names = os.listdir(where)
+    except OSError:
+        return []
+    host = socket.gethostname()
+    found = []
+    for name in names:
+        if not (name.startswith("keeper-") and name.endswith(".json")):
+            continue
+        path = os.path.join(where, name)
+        try:
+            fd = open_private(path, os.O_RDONLY)
+            with os.fdopen(fd, "rb") as fh:
+                data = fh.read(ENTRY_LIMIT + 1)
+        except OSError:
+            continue
+        entry = _read(data) if len(data) <= ENTRY_LIMIT else None
+        if entry is None or name != f"keeper-{entry.pid}.json" or not _is_keeper(entry.pid):
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+            continue
+        if every_host or entry.host == host:  # hosts sharing one /tmp each list their own
+            found.append(entry)
+    return found
+
+
+def _parent(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return int(fh.read().rsplit(b")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def trainers_of(job_id: str) -> list[int]:
+    """The warm trainers serving this job here: each its keeper's child, as the keeper says."""
+    return [
+        e.trainer
+        for e in entries()
+        if e.job == job_id and e.trainer > 1 and _parent(e.trainer) == e.pid
+    ]
+
+
+def kept_bytes(but: int = 0) -> int:
+    """Memory of the standbys kept between jobs here (all but keeper `but`)."""
+    return sum(e.rss for e in entries() if e.state == "kept" and e.pid != but)
+
+
+@contextlib.contextmanager
+def budget_lock() -> Iterator[None]:
+    """Keepers deciding whether to stay, one at a time: the budget is checked and taken at once."""
+    fd = open_private(os.path.join(directory(), "kept.lock"), os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def release(job_id: str) -> int:
+    """The job ended: tell its keepers here at once (each keeps its standby for the next job or
+    ends); returns how many were told. A keeper not told decides when its linger ends."""
+    told = 0
+    for entry in entries():
+        if entry.job != job_id or os.path.dirname(entry.socket) != directory():
+            continue
+        with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX) as sock:
+            sock.settimeout(2.0)
+            sock.connect(entry.socket)
+            sock.sendall(b'{"op": "release"}\n')
+            sock.recv(64)  # its answer: it has decided
+            told += 1
+    return told
+
+
+def clear(every_host: bool = False) -> list[int]:
+    """End every keeper of ours here (their standbys and trainers with them); the pids told."""
+    ended = []
+    for entry in entries(every_host):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(entry.pid, signal.SIGTERM)  # checked a moment ago: a keeper of ours
+            ended.append(entry.pid)
+    deadline = time.monotonic() + 5.0
+    while time.monotonic() < deadline and any(_is_keeper(pid) for pid in ended):
+        time.sleep(0.05)
+    return ended
