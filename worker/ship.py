@@ -13,25 +13,21 @@ newest KEEP, nor one used within a day (the programs running from a copy renew i
 On an SSH host this file's own source is the first thing to run (see `helper_argv`): it finds
 the copy, or says `{"need": 1}`, reads `SIZE\\n` and that many bytes of .tar.gz from stdin and
 installs them, then serves as the host helper from the copy. Standard library only, and it
-imports nothing of the package it ships (there may be none yet).
+imports nothing of the package it ships (there may be none yet). What only packing and
+installing need (tarfile, zlib, shutil) is imported where it is used: every agent imports this.
 """
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import hashlib
-import io
 import os
 import re
-import shutil
 import stat
 import sys
-import tarfile
 import tempfile
 import threading
 import time
-import zlib
 from typing import BinaryIO
 
 PREFIX = "worker-"
@@ -78,6 +74,10 @@ def digest_of(files: list[tuple[str, bytes]]) -> str:
 
 def pack(files: list[tuple[str, bytes]]) -> bytes:
     """The files as a .tar.gz that is the same bytes every time (no dates, no owners)."""
+    import io
+    import tarfile
+    import zlib
+
     raw = io.BytesIO()
     with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
         for name, data in files:
@@ -89,6 +89,10 @@ def pack(files: list[tuple[str, bytes]]) -> bytes:
 
 def unpack(payload: bytes) -> list[tuple[str, bytes]]:
     """The files of a payload; ValueError for anything but plain files under `worker/`."""
+    import io
+    import tarfile
+    import zlib
+
     files = []
     with tarfile.open(fileobj=io.BytesIO(zlib.decompress(payload)), mode="r") as tar:
         for member in tar.getmembers():
@@ -146,6 +150,8 @@ def mark_used(copy: str) -> None:
 def install(root: str, digest: str, payload: bytes) -> str:
     """Unpack the payload as the copy `digest` under root (unless a racing install did first)
     and return its directory. ValueError when the payload is not that copy."""
+    import shutil
+
     _private_root(root)
     final = os.path.join(root, PREFIX + digest)
     files = unpack(payload)
@@ -234,6 +240,8 @@ def prune(root: str, keep: str) -> None:
     """Remove old copies under root (see the module's docstring) and stale unpackings. Ages
     are counted from the copy just used, stamped by the same clock as the others (a shared
     home's file server): never from this host's clock, which may be off by days."""
+    import shutil
+
     mark_used(os.path.join(root, keep))
     try:
         now = os.stat(os.path.join(root, keep)).st_mtime
@@ -264,6 +272,9 @@ def prune(root: str, keep: str) -> None:
 def helper_argv(python: str, digest: str) -> list[str]:
     """The command that starts the host helper from the copy `digest` on a host that may have
     none yet: this file's source, compressed onto one line (login shells differ on newlines)."""
+    import base64
+    import zlib
+
     with open(os.path.abspath(__file__), "rb") as fh:
         source = base64.b64encode(zlib.compress(fh.read(), 9)).decode()
     code = f"import base64,zlib;exec(zlib.decompress(base64.b64decode('{source}')))"
@@ -288,6 +299,9 @@ def renew(copy: str) -> None:
 
 
 def _serve_helper(digest: str) -> int:
+    import tarfile
+    import zlib
+
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     try:
         path = find(digest)
