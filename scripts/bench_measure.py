@@ -249,11 +249,18 @@ def launch(config: Path, home: Path, fresh: bool = True) -> str:
 
 
 def orchestrate_run(root: Path, home: Path, epochs: int) -> dict[str, float]:
+    """P2/P3: a launch in the foreground; its first step and throughput, and where the time to
+    the first step went: the job registered (CLI start, validation), agents started (preflight,
+    plan, specs), and from there the trainers' own start (interpreter, TensorFlow, MWMS)."""
+    no_kept_standbys()
     t0 = time.time()
-    out = launch(local_config(root, epochs), home)
+    out = launch(local_config(root, epochs), home, fresh=False)
     first, _ = bench_lines(out)
     assert first is not None
-    return {"first_step": first - t0, "throughput": middle_rate(epoch_rates(out), epochs)}
+    job_id = re.findall(r"job (\S+) succeeded", out)[-1]
+    events = {e["kind"]: e["ts"] for e in status_json(home, job_id)["jobs"][0]["events"]}
+    return {"first_step": first - t0, "throughput": middle_rate(epoch_rates(out), epochs),
+            "created": events["created"] - t0, "launched": events["launched"] - t0}  # fmt: skip
 
 
 def plain_run(root: Path, home: Path, epochs: int, instrument: bool, extra: str = "") -> float:
