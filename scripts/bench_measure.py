@@ -228,7 +228,7 @@ def no_kept_standbys() -> None:
     ([restart] keep_standbys) on any host of ours here. P15 measures a launch that has them."""
     from worker.keepers import clear
 
-    clear(every_host=True)
+    clear(every_host=True, kept_only=False)
 
 
 def launch(config: Path, home: Path, fresh: bool = True) -> str:

@@ -223,9 +223,9 @@ def no_standby_kept_past_the_test() -> Iterator[None]:
     test beds too."""
     from worker.keepers import clear
 
-    clear(every_host=True)
+    clear(every_host=True, kept_only=False)
     yield
-    clear(every_host=True)
+    clear(every_host=True, kept_only=False)
 
 
 @pytest.fixture

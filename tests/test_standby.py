@@ -13,8 +13,8 @@ import threading
 from pathlib import Path
 
 from tests.conftest import as_nobody, wait_for
+from worker.keepers import socket_path
 from worker.proctl import is_alive
-from worker.standby import socket_path
 from worker.standby_child import ENV_STANDBY
 from worker.warm import STANDBY, KeeperLink, fingerprint, standby_env, verify_trainer, warm_start
 

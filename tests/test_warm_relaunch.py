@@ -15,23 +15,27 @@ import pytest
 from tests.conftest import (
     REPO,
     CliResult,
+    job_processes,
+    job_view,
     launch_detached,
     two_worker_config,
     wait_for,
     wait_for_end,
 )
-from worker.proctl import is_alive
+from worker.proctl import is_alive, is_job_process
 
 pytestmark = pytest.mark.slow
 PLAIN_FIT = REPO / "tests" / "fixtures" / "plain_fit.py"
 WARM = re.compile(r"warm start: the standby \(pid (\d+)\) runs the entrypoint")
 
 
-def _config(tmp_path: Path, restart: str = "", env: str = "") -> Path:
+def _config(
+    tmp_path: Path, restart: str = "", env: str = "", args: str = '"--epochs", "3"'
+) -> Path:
     backup = tmp_path / "shared" / "backup"
     entry = (
         f'script = "{PLAIN_FIT}"\n'
-        f'args = ["--epochs", "3", "--backup-dir", "{backup}"]\n'
+        f'args = [{args}, "--backup-dir", "{backup}"]\n'
         f'env = {{ TF_CPP_MIN_LOG_LEVEL = "2", SHOW_STARTUP = "1"{env} }}'
     )
     return two_worker_config(tmp_path, "relaunch", entry, restart=restart)
@@ -148,3 +152,43 @@ def test_a_relaunched_script_that_sets_import_time_variables_itself_starts_over_
         runs = [(s["attempt"], s["tf_imported"]) for s in _startups(log)]
         assert runs == [("0", True), ("0", False)], runs  # warm, then over cold: one process
         assert "TF_ENABLE_ONEDNN_OPTS before importing TensorFlow" in log
+
+
+def test_a_resumed_job_starts_warm_in_its_kept_standbys_and_its_keepers_serve_it(
+    tmp_path: Path, cli: Callable[..., CliResult], reap_pids: list[int]
+) -> None:
+    """Stopped, then resumed: the same job's next attempt finds its keepers kept (not on its
+    tasks' names any more), starts in them, and they serve it again: its sweep and stacks find
+    the warm trainers, and `standbys --clear` leaves them alone (it ends only what is kept)."""
+    config = _config(tmp_path, args='"--epochs", "40", "--step-delay", "0.03"')
+    job_id = launch_detached(cli, config, reap_pids)
+    ready = re.compile(r"warm standby ready for a restart")
+    wait_for(lambda: all(ready.search(_log(tmp_path, job_id, i)) for i in (0, 1)), 240)
+    assert cli("stop", job_id).code == 0
+    kept = _kept(cli, config)
+    assert len(kept) == 2, kept
+    reap_pids.extend(p for k in kept for p in (k["pid"], k["standby"]))
+
+    assert cli("resume", job_id, "--detach").code == 0
+    job = wait_for(
+        lambda: (
+            (j := job_view(cli, job_id))["state"] == "running"
+            and all(t["attempt"] == 1 and t["state"] == "running" and t["pid"] for t in j["tasks"])
+            and j
+        ),
+        240,
+    )
+    assert isinstance(job, dict)
+    trainers = {t["pid"] for t in job["tasks"]}
+    reap_pids.extend(trainers)
+    for i in (0, 1):
+        assert WARM.search(_log(tmp_path, job_id, i).split("attempt 1:")[-1])
+    result = cli("standbys", str(config), "--json", "--clear")
+    (host,) = json.loads(result.out)["hosts"]
+    serving = [k for k in host["keepers"] if k["job"] == job_id]
+    assert {k["trainer"] for k in serving} == trainers, host
+    assert all(k["state"] == "serving" and k["pid"] in {c["pid"] for c in kept} for k in serving)
+    assert all(is_job_process(pid, job_id) for pid in trainers)  # the sweep finds them
+    assert job_view(cli, job_id)["state"] == "running"
+    assert cli("stop", job_id).code == 0
+    wait_for(lambda: not job_processes(job_id), 30)

@@ -185,9 +185,13 @@ class Agent:
             return None
         python, *target = spec.argv
         env = trainer_env(spec)
+        task_dir = spec.layout.task_dir(spec.task_index)
         order = {"fingerprint": fingerprint(env, python, spec.env), "env": env,
                  "target": target, "cwd": spec.workdir, "log": str(self.log_path),
-                 "job_id": spec.job_id, "task_index": spec.task_index}  # fmt: skip
+                 "job_id": spec.job_id, "task_index": spec.task_index,
+                 "linger": spec.standby_linger, "keep": spec.keep_standbys,
+                 "keep_bytes": spec.keep_standbys_bytes,
+                 "standby_log": str(task_dir / "standby.log")}  # fmt: skip
         trainer, self._keeper, problem = warm_start(
             spec.job_id, spec.task_index, order, self._standby_ready, spec.keep_standbys > 0
         )

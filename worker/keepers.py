@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import json
 import os
 import signal
@@ -53,6 +54,25 @@ class KeeperEntry:
         return f"keeper {self.pid}: {what}, {standby}{ready}, {self.rss >> 20} MB{left}"
 
 
+def socket_path(job_id: str, task_index: int) -> str:
+    """The task's keeper socket in this user's private directory (UnsafeDirectory, an
+    OSError, when that directory is not ours alone). The host's name is part of it: hosts that
+    share that directory (one /tmp for several containers or namespaces) each keep their own,
+    and a task moved to another host never starts in a standby of the host it left."""
+    name = f"{job_id}-{task_index}-{socket.gethostname()}.sock"
+    if len(name) > 60:  # a unix socket path has at most 107 bytes
+        name = hashlib.sha256(name.encode()).hexdigest()[:32] + ".sock"
+    return os.path.join(directory(), name)
+
+
+def kept_socket_path(fingerprint: str, n: int) -> str:
+    """The n-th socket of standbys kept for the next job under this fingerprint, on this host."""
+    name = f"kept-{fingerprint[:16]}-{n}-{socket.gethostname()}.sock"
+    if len(name) > 60:
+        name = "kept-" + hashlib.sha256(name.encode()).hexdigest()[:32] + ".sock"
+    return os.path.join(directory(), name)
+
+
 def memory_available() -> tuple[int, int]:
     """(MemAvailable, MemTotal) in bytes; (0, 0) when unknown."""
     values: dict[str, int] = {}
@@ -85,7 +105,8 @@ def forget(pid: int) -> None:
 
 
 def _is_keeper(pid: int) -> bool:
-    """pid is alive, ours, and runs a keeper (`python .../standby.py ...`)."""
+    """pid is alive, ours, and runs a keeper: `python .../worker/standby.py ...` (this worker
+    package's or another copy's)."""
     try:
         if os.stat(f"/proc/{pid}").st_uid != os.getuid():
             return False
@@ -93,7 +114,10 @@ def _is_keeper(pid: int) -> bool:
             argv = fh.read().split(b"\0")
     except OSError:
         return False
-    return len(argv) > 2 and os.path.basename(argv[1]) == b"standby.py"
+    if len(argv) <= 2:
+        return False
+    program = os.path.realpath(os.fsdecode(argv[1]))
+    return os.path.basename(program) == "standby.py" and program.endswith("/worker/standby.py")
 
 
 def parse(raw: object) -> KeeperEntry | None:
@@ -144,12 +168,13 @@ def entries(every_host: bool = False) -> list[KeeperEntry]:
         except OSError:
             continue
         entry = _read(data) if len(data) <= ENTRY_LIMIT else None
+        if entry is not None and not every_host and entry.host != host:
+            continue  # another host sharing this /tmp (its pids are not ours to judge)
         if entry is None or name != f"keeper-{entry.pid}.json" or not _is_keeper(entry.pid):
             with contextlib.suppress(OSError):
                 os.unlink(path)
             continue
-        if every_host or entry.host == host:  # hosts sharing one /tmp each list their own
-            found.append(entry)
+        found.append(entry)
     return found
 
 
@@ -188,27 +213,42 @@ def budget_lock() -> Iterator[None]:
 
 def release(job_id: str) -> int:
     """The job ended: tell its keepers here at once (each keeps its standby for the next job or
-    ends); returns how many were told. A keeper not told decides when its linger ends."""
+    ends); returns how many answered. A keeper not told decides when its linger ends."""
     told = 0
     for entry in entries():
-        if entry.job != job_id or os.path.dirname(entry.socket) != directory():
+        # The record names the socket: it must be this job's task's own (a forged record
+        # cannot point the release at another job's keeper).
+        if entry.job != job_id or entry.socket != socket_path(job_id, entry.task):
             continue
         with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX) as sock:
             sock.settimeout(2.0)
             sock.connect(entry.socket)
             sock.sendall(b'{"op": "release"}\n')
-            sock.recv(64)  # its answer: it has decided
-            told += 1
+            if sock.recv(64):  # its answer: it has decided (nothing: it serves an agent still)
+                told += 1
     return told
 
 
-def clear(every_host: bool = False) -> list[int]:
-    """End every keeper of ours here (their standbys and trainers with them); the pids told."""
+def clear(every_host: bool = False, kept_only: bool = True) -> list[int]:
+    """End the keepers of ours here that keep a standby for the next job (`kept_only` False:
+    every keeper, those serving a job too), their standbys with them; the pids told. Each is
+    checked right before, and signalled through a pidfd opened on it then."""
     ended = []
     for entry in entries(every_host):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(entry.pid, signal.SIGTERM)  # checked a moment ago: a keeper of ours
-            ended.append(entry.pid)
+        if kept_only and entry.state != "kept":
+            continue
+        try:
+            pidfd = os.pidfd_open(entry.pid)
+        except OSError:
+            continue
+        try:
+            if _is_keeper(entry.pid):
+                signal.pidfd_send_signal(pidfd, signal.SIGTERM)
+                ended.append(entry.pid)
+        except OSError:
+            pass
+        finally:
+            os.close(pidfd)
     deadline = time.monotonic() + 5.0
     while time.monotonic() < deadline and any(_is_keeper(pid) for pid in ended):
         time.sleep(0.05)

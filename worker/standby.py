@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import json
 import os
 import select
@@ -49,32 +48,13 @@ if __package__ in (None, ""):  # run as a file (python .../worker/standby.py): i
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from worker import keepers
-from worker.private_dir import private_dir
+from worker.keepers import kept_socket_path, socket_path
 from worker.standby_child import Child, rss_bytes
 
 READY = b"ready\n"
 MAX_STANDBY_DEATHS = 3
 MAX_KEPT = 64  # standbys kept for one environment on one host
 KEPT_ESTIMATE = 600 << 20  # what a standby still importing will hold, about
-
-
-def socket_path(job_id: str, task_index: int) -> str:
-    """The task's keeper socket in this user's private directory (UnsafeDirectory, an
-    OSError, when that directory is not ours alone). The host's name is part of it: hosts that
-    share that directory (one /tmp for several containers or namespaces) each keep their own,
-    and a task moved to another host never starts in a standby of the host it left."""
-    name = f"{job_id}-{task_index}-{socket.gethostname()}.sock"
-    if len(name) > 60:  # a unix socket path has at most 107 bytes
-        name = hashlib.sha256(name.encode()).hexdigest()[:32] + ".sock"
-    return os.path.join(private_dir("standby"), name)
-
-
-def kept_socket_path(fingerprint: str, n: int) -> str:
-    """The n-th socket of standbys kept for the next job under this fingerprint, on this host."""
-    name = f"kept-{fingerprint[:16]}-{n}-{socket.gethostname()}.sock"
-    if len(name) > 60:
-        name = "kept-" + hashlib.sha256(name.encode()).hexdigest()[:32] + ".sock"
-    return os.path.join(private_dir("standby"), name)
 
 
 def _say(message: str) -> None:
@@ -113,9 +93,16 @@ class Keeper:
             standby=standby.proc.pid if standby else 0,
             standby_ready=bool(standby and standby.ready),
             trainer=self.trainer.proc.pid if self.trainer else 0,
-            rss=rss_bytes(standby.proc.pid) if standby else 0,
+            rss=self._standby_size(),
             kept_left=0.0, kept_until=self.kept_until or 0.0, socket=self.socket,
         ))  # fmt: skip
+
+    def _standby_size(self) -> int:
+        """What the standby holds, or will once it has imported TensorFlow."""
+        standby = self.standby
+        if standby is None:
+            return 0
+        return max(rss_bytes(standby.proc.pid), 0 if standby.ready else KEPT_ESTIMATE)
 
     def _rebind(self, path: str) -> bool:
         """Listen at `path` instead (kept: a name the next job finds by fingerprint; adopted:
@@ -125,9 +112,9 @@ class Keeper:
         except OSError:
             return False
         server.listen(4)
-        self.server.close()
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError):  # before the close: nobody can take the name between
             os.unlink(self.socket)
+        self.server.close()
         self.server, self.socket = server, path
         return True
 
@@ -140,7 +127,7 @@ class Keeper:
             return False
         if self.kept_until is not None:  # kept already
             return True
-        size = max(rss_bytes(standby.proc.pid), 0 if standby.ready else KEPT_ESTIMATE)
+        size = self._standby_size()
         available, total = keepers.memory_available()
         with keepers.budget_lock():
             held = keepers.kept_bytes(but=os.getpid())
@@ -244,9 +231,15 @@ class Keeper:
         standby.active = True
         self.trainer, self.standby = standby, None
         job_id, task_index = str(request["job_id"]), int(request["task_index"])
-        if (job_id, task_index) != (self.job_id, self.task_index):  # adopted by the next job
+        if self.kept_until is not None or (job_id, task_index) != (self.job_id, self.task_index):
+            # Adopted by the job that activated it (the next job, or this one after a gap
+            # longer than the linger): it serves that job, on its task's name, by its settings.
             self.job_id, self.task_index, self.kept_until = job_id, task_index, None
             self._rebind(socket_path(job_id, task_index))
+            self.linger = float(request.get("linger", self.linger))
+            self.keep = float(request.get("keep", self.keep))
+            self.keep_bytes = int(request.get("keep_bytes", self.keep_bytes))
+            self.log = str(request.get("standby_log", self.log))
         self.record()
         return {"ok": True, "pid": standby.proc.pid}
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib.util
 import json
 import os
 import queue
@@ -21,9 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from worker.import_env import PER_JOB, import_relevant, undone_reason
-from worker.keepers import memory_available
+from worker.keepers import kept_socket_path, memory_available, socket_path
 from worker.spec import ENV_JOB_ID, WorkerSpec
-from worker.standby import MAX_KEPT, kept_socket_path, socket_path
+from worker.standby import MAX_KEPT
 from worker.standby_child import ENV_STANDBY
 
 STANDBY = str(Path(__file__).resolve().with_name("standby.py"))
@@ -35,18 +36,37 @@ def standby_env(trainer_env: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in trainer_env.items() if k not in PER_JOB}
 
 
+def _python_identity(python: str) -> list[str]:
+    """What makes an interpreter the one it is: its binary (path, inode, mtime), the path it is
+    called by and its venv (a venv's python is a link to the base one), and, when it is this
+    agent's own, where its TensorFlow is (found, not imported) and when that was installed."""
+    identity = [os.path.abspath(python)]
+    for path in (os.path.realpath(python),
+                 os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(python))),
+                              "pyvenv.cfg")):  # fmt: skip
+        try:
+            stat = os.stat(path)
+            identity.append(f"{path}:{stat.st_ino}:{stat.st_mtime_ns}")
+        except OSError:
+            identity.append(path)
+    if os.path.abspath(python) == os.path.abspath(sys.executable):
+        try:
+            spec = importlib.util.find_spec("tensorflow")
+            origin = spec.origin if spec and spec.origin else ""
+            stat = os.stat(origin)
+            identity.append(f"{origin}:{stat.st_ino}:{stat.st_mtime_ns}")
+        except (OSError, ImportError, ValueError):
+            pass
+    return identity
+
+
 def fingerprint(trainer_env: dict[str, str], python: str, user_env: dict[str, str]) -> str:
-    """What a standby was made under: Python (its file, as it is now), this worker package and the
-    variables that shape the import. A standby whose fingerprint differs is replaced, never used."""
-    try:
-        stat = os.stat(os.path.realpath(python))
-        binary = f"{os.path.realpath(python)}:{stat.st_ino}:{stat.st_mtime_ns}"
-    except OSError:
-        binary = python
+    """What a standby was made under: Python (_python_identity), this worker package and the
+    variables that shape the import. A standby whose fingerprint differs is never used."""
     relevant = {
         k: v for k, v in standby_env(trainer_env).items() if k in user_env or import_relevant(k)
     }
-    blob = json.dumps([binary, STANDBY, sorted(relevant.items())])  # and this worker package
+    blob = json.dumps([_python_identity(python), STANDBY, sorted(relevant.items())])
     return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
 

@@ -28,15 +28,22 @@ def private_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Pat
 
 @pytest.fixture
 def fake_keeper(tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
-    """A process whose arguments are a keeper's (`python .../standby.py ...`), with a child."""
-    program = tmp_path / "standby.py"
+    """A process whose arguments are a keeper's (`python .../worker/standby.py ...`), with a
+    child."""
+    proc = _program(tmp_path / "worker")
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def _program(where: Path) -> subprocess.Popen[bytes]:
+    where.mkdir(exist_ok=True)
+    program = where / "standby.py"
     program.write_text("import subprocess, sys, time\nsubprocess.Popen(['sleep', '60'])\n"
                        "time.sleep(60)\n")  # fmt: skip
     proc = subprocess.Popen([sys.executable, str(program), "job", "0"])
     wait_for(lambda: b"standby.py" in Path(f"/proc/{proc.pid}/cmdline").read_bytes(), 10)
-    yield proc
-    proc.kill()
-    proc.wait()
+    return proc
 
 
 def _entry(pid: int, **changes: object) -> keepers.KeeperEntry:
@@ -51,12 +58,20 @@ def _entry(pid: int, **changes: object) -> keepers.KeeperEntry:
 def test_an_entry_counts_only_while_its_process_is_a_keeper_of_ours(
     private_tmp: Path, fake_keeper: subprocess.Popen[bytes]
 ) -> None:
-    keepers.record(_entry(fake_keeper.pid))
-    keepers.record(_entry(os.getpid()))  # alive, ours, but not a keeper
-    keepers.record(_entry(4_194_999))  # gone
-    assert [e.pid for e in keepers.entries()] == [fake_keeper.pid]
+    elsewhere = _program(private_tmp.parent.parent / "not-ours")  # a standby.py of another
+    try:
+        keepers.record(_entry(fake_keeper.pid))
+        keepers.record(_entry(os.getpid()))  # alive, ours, but not a keeper
+        keepers.record(_entry(4_194_999))  # gone
+        keepers.record(_entry(elsewhere.pid))
+        keepers.record(_entry(4_194_998, host="another-host"))  # not ours to judge
+        assert [e.pid for e in keepers.entries()] == [fake_keeper.pid]
+    finally:
+        elsewhere.kill()
+        elsewhere.wait()
     assert sorted(p.name for p in private_tmp.glob("keeper-*")) == [
-        f"keeper-{fake_keeper.pid}.json"
+        "keeper-4194998.json",
+        f"keeper-{fake_keeper.pid}.json",
     ]
 
 
