@@ -88,10 +88,11 @@ class LocalBed:
 
     def inject(self, kind: str, view: dict[str, Any], task: int) -> str:
         trainer = view["tasks"][task]["pid"]
+        from worker.keepers import entries  # each keeper's own record: the job it serves now
+
         keepers = [
-            pid for pid, argv in _processes()
-            if argv[1:2] and argv[1].endswith(STANDBY) and argv[2:4] == [view["id"], str(task)]
-            and _same_host(pid, trainer)
+            e.pid for e in entries(every_host=True)
+            if e.job == view["id"] and e.task == task and _same_host(e.pid, trainer)
         ]  # fmt: skip
         if kind == "keeper_kill" and keepers:
             os.kill(keepers[0], signal.SIGKILL)
@@ -244,9 +245,6 @@ class SlurmBed(LocalBed):
             time.sleep(2)
         slurmbed.down(self.root)
         shutil.rmtree(self.root, ignore_errors=True)
-
-
-STANDBY = "/worker/standby.py"  # a keeper: python COPY/worker/standby.py JOB TASK ...
 
 
 def _processes() -> list[tuple[int, list[str]]]:

@@ -103,9 +103,21 @@ def wait(predicate: Any, timeout: float, interval: float = 1.0) -> Any:
     return None
 
 
+def _serving(job: str) -> set[int]:
+    """The keepers serving the job on any host here, and their warm trainers (a keeper's own
+    record, worker.keepers): a warm trainer was a standby started before the job, and a keeper
+    that keeps its standby for a next job serves none, though its arguments name the job."""
+    from worker.keepers import entries
+
+    found = [e for e in entries(every_host=True) if e.job == job]
+    return {e.pid for e in found} | {e.trainer for e in found if e.trainer}
+
+
 def job_processes(job: str) -> list[int]:
-    """Every live process carrying the job's id (in its environment or its arguments)."""
+    """Every live process of the job: its id in the environment or the arguments (a keeper:
+    only while it serves the job), or a warm trainer its keeper names."""
     needle = f"ORCHESTRATE_JOB_ID={job}".encode()
+    serving = _serving(job)
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -116,13 +128,19 @@ def job_processes(job: str) -> list[int]:
             state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
         except (OSError, IndexError):
             continue
-        if state != "Z" and (needle in environ.split(b"\0") or job.encode() in cmdline):
+        argv = cmdline.split(b"\0")
+        if len(argv) > 1 and argv[1].endswith(b"/worker/standby.py"):
+            ours = int(entry.name) in serving
+        else:
+            ours = needle in environ.split(b"\0") or job.encode() in cmdline
+            ours = ours or int(entry.name) in serving
+        if state != "Z" and ours:
             found.append(int(entry.name))
     return found
 
 
 def runs_in_job(pid: Any, job: str) -> bool:
-    """Whether pid is a live (not zombie) process carrying the job's id."""
+    """Whether pid is a live (not zombie) process carrying the job's id, or its warm trainer."""
     if not (isinstance(pid, int) and pid > 1):
         return False
     try:
@@ -130,7 +148,9 @@ def runs_in_job(pid: Any, job: str) -> bool:
         environ = Path(f"/proc/{pid}/environ").read_bytes()
     except OSError:
         return False
-    return ") Z " not in stat and f"ORCHESTRATE_JOB_ID={job}".encode() in environ.split(b"\0")
+    if ") Z " in stat:
+        return False
+    return f"ORCHESTRATE_JOB_ID={job}".encode() in environ.split(b"\0") or pid in _serving(job)
 
 
 def training_now(v: dict[str, Any]) -> bool:

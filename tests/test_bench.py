@@ -55,6 +55,7 @@ def test_quick_benchmark_produces_every_row(tmp_path: Path) -> None:
             "P13",
             "P14",
             "P14b",
+            "P15",
         )
     }
     for row in rows.values():
@@ -64,8 +65,10 @@ def test_quick_benchmark_produces_every_row(tmp_path: Path) -> None:
         assert row["value"] is not None and row["value"] > 0, row
         has_target = row["target_value"] is not None or row["target_ratio"] is not None
         assert row["met"] in ((True, False) if has_target else (None,)), row
-    for row_id in ("P1", "P2", "P3", "P3c", "P4", "P9", "P9b", "P10", "P12", "P13", "P14", "P14b"):
+    ratios = ("P1", "P2", "P3", "P3c", "P4", "P9", "P9b", "P10", "P12", "P13", "P14", "P14b", "P15")
+    for row_id in ratios:
         if not rows[row_id]["skipped"]:
             assert rows[row_id]["base"] and rows[row_id]["ratio"], rows[row_id]
     assert (out / "results.png").stat().st_size > 10_000
     assert "| P8 |" in (out / "results.md").read_text()
+    assert "job registered" in rows["P2"]["note"], rows["P2"]  # where a first launch's time goes
