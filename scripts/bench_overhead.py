@@ -107,7 +107,11 @@ def _kind(cmdline: list[str]) -> str:
 
 
 def _job_cpu(job: str) -> dict[int, tuple[str, float]]:
-    """Each process of the job (by its id in the environment or command line): kind, CPU s."""
+    """Each process of the job (by its id in the environment or command line, or named by a
+    keeper serving it: its standby and warm trainer carry no job id): kind, CPU s."""
+    from worker.keepers import entries
+
+    named = {p for e in entries() if e.job == job for p in (e.pid, e.standby, e.trainer) if p}
     found = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -118,7 +122,8 @@ def _job_cpu(job: str) -> dict[int, tuple[str, float]]:
             stat = (entry / "stat").read_text()
         except OSError:
             continue
-        if f"ORCHESTRATE_JOB_ID={job}".encode() not in environ and job not in cmdline:
+        ours = f"ORCHESTRATE_JOB_ID={job}".encode() in environ or job in cmdline
+        if not ours and int(entry.name) not in named:
             continue
         fields = stat[stat.rfind(")") + 2 :].split()
         found[int(entry.name)] = (_kind(cmdline), (int(fields[11]) + int(fields[12])) / TICKS)
