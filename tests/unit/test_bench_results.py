@@ -30,7 +30,8 @@ def defined_rows() -> dict[str, bench_rows.Row]:
     import bench_slurm
     import bench_warm
 
-    rows = {r.id: r for r in (*bench_hostloss.rows(), *bench_slurm.rows(), *bench_warm.rows())}
+    rows = {r.id: r for r in (*bench_hostloss.rows(), *bench_slurm.rows(), *bench_warm.rows(),
+                              bench_warm.relaunch_row())}  # fmt: skip
     source = (REPO / "scripts" / "bench.py").read_text()
     for row_id in ("P1", "P2", "P3", "P3c", "P4", "P6", "P7a", "P7b", "P8", "P9", "P9b"):
         assert f'"{row_id}": Row(' in source, row_id
