@@ -178,7 +178,8 @@ def entries(every_host: bool = False) -> list[KeeperEntry]:
     return found
 
 
-def _parent(pid: int) -> int:
+def parent_of(pid: int) -> int:
+    """The pid's parent, from /proc; 0 when it is gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as fh:
             return int(fh.read().rsplit(b")", 1)[1].split()[1])
@@ -191,7 +192,7 @@ def trainers_of(job_id: str) -> list[int]:
     return [
         e.trainer
         for e in entries()
-        if e.job == job_id and e.trainer > 1 and _parent(e.trainer) == e.pid
+        if e.job == job_id and e.trainer > 1 and parent_of(e.trainer) == e.pid
     ]
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from worker.import_env import PER_JOB, import_relevant, undone_reason
-from worker.keepers import kept_socket_path, memory_available, socket_path
+from worker.keepers import kept_socket_path, memory_available, parent_of, socket_path
 from worker.spec import ENV_JOB_ID, WorkerSpec
 from worker.standby import MAX_KEPT
 from worker.standby_child import ENV_STANDBY
@@ -257,12 +257,13 @@ def verify_trainer(pid: object, keeper_pid: int) -> str:
     the only pid the agent will signal. A pid told by another process is a claim, not a fact."""
     if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 1:
         return f"the keeper named pid {pid!r}"
+    parent = parent_of(pid)
     try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            parent = int(fh.read().rsplit(b")", 1)[1].split()[1])
         with open(f"/proc/{pid}/environ", "rb") as fh:
             environ = fh.read().split(b"\0")
-    except (OSError, ValueError, IndexError):
+    except OSError:
+        parent = 0
+    if not parent:
         return f"the keeper named pid {pid}, which is gone"
     if parent != keeper_pid:
         return f"the keeper named pid {pid}, which is not its child"
