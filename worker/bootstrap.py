@@ -35,6 +35,7 @@ from typing import Any
 from worker import import_env, progress, stacks
 from worker.instrument import Instrumentation
 from worker.spec import ENV_ATTEMPT, ENV_TASK_DIR, Phase
+from worker.standby_child import ENV_STANDBY
 
 _OUR_FILES = frozenset(
     os.path.normcase(os.path.abspath(f))
@@ -221,7 +222,8 @@ def _start_cold(names: list[str], order: dict[str, Any]) -> None:
         return
     import_env.mark_undone(names)
     sys.stdout.flush()
-    env = {**order["env"], import_env.ENV_UNDONE: ",".join(names)}
+    # Still the keeper's standby child to the agent, which may check it after this exec.
+    env = {**order["env"], ENV_STANDBY: "1", import_env.ENV_UNDONE: ",".join(names)}
     argv = [sys.executable, os.path.abspath(__file__), *order["target"]]
     try:
         os.execve(sys.executable, argv, env)

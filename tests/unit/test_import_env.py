@@ -80,3 +80,21 @@ def test_the_reason_a_task_starts_cold_shows_the_trainers_names_cut_and_printabl
     reason = import_env.undone_reason(str(tmp_path))
     assert reason.startswith("the script sets TF_X?[2J,AAA") and "\x1b" not in reason
     assert len(reason) < 260
+
+
+def test_a_trainer_started_over_cold_is_still_the_keepers_standby_to_the_agent(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The exec may come before the agent checks the pid the keeper named (worker.warm
+    verify_trainer reads its environment): the new interpreter keeps the standby's mark."""
+    from worker import bootstrap
+    from worker.standby_child import ENV_STANDBY
+
+    monkeypatch.setenv(import_env.ENV_TASK_DIR, str(tmp_path))
+    execs: list[dict[str, str]] = []
+    monkeypatch.setattr(os, "execve", lambda path, argv, env: execs.append(env))
+    order = {"env": {"TF_CONFIG": "{}"}, "target": ["train.py"]}
+    bootstrap._start_cold(["TF_ENABLE_ONEDNN_OPTS"], order)
+    assert len(execs) == 1 and execs[0][ENV_STANDBY] == "1", execs
+    assert execs[0][import_env.ENV_UNDONE] == "TF_ENABLE_ONEDNN_OPTS"
+    assert (tmp_path / import_env.UNDONE_FILE).read_text() == "TF_ENABLE_ONEDNN_OPTS\n"
