@@ -39,6 +39,7 @@ from tests.conftest import (
     ssh_testbed,
     status_json,
     wait_for,
+    wait_for_end,
 )
 from worker.spec import HOST_PROTOCOL
 
@@ -790,4 +791,56 @@ def test_stop_with_a_host_cut_off_confirms_only_what_it_reached_and_a_later_stop
     job = job_view(cli, job_id)
     assert job["state"] == "stopped"
     assert {t["state"] for t in job["tasks"]} == {"stopped"}
+    assert wait_for(lambda: no_job_process_left(bed), 15)
+
+
+WARM = re.compile(r"warm start: the standby \(pid (\d+)\) runs the entrypoint")
+
+
+def kept_per_host(cli: Callable[..., CliResult], path: Path) -> dict[str, list[dict]]:
+    result = cli("standbys", str(path), "--json")
+    assert result.code == 0, result
+    hosts = json.loads(result.out)["hosts"]
+    assert all(h["error"] is None for h in hosts), hosts
+    return {h["host"]: h["keepers"] for h in hosts}
+
+
+@pytest.mark.slow
+def test_a_relaunch_starts_each_task_in_the_standby_its_own_host_kept(
+    bed: tb.Testbed, tmp_path: Path, cli: Callable[..., CliResult], reap_pids: list[int]
+) -> None:
+    """The edit-run loop over SSH, with a script that imports nothing of ours: a job stopped once
+    its standbys are ready leaves one kept on each host (`orchestrate standbys` asks each host
+    through its helper); the next launch starts each task in the standby of its own host, inside
+    that host's network, and trains."""
+    path = plain_training_toml(bed, tmp_path, 500, "")
+    first = launch_detached(cli, path, reap_pids)
+
+    def all_ready() -> bool:
+        keepers = kept_per_host(cli, path)
+        return len(keepers) == 3 and all(
+            any(k["standby_ready"] for k in found) for found in keepers.values()
+        )
+
+    wait_for(all_ready, 240, interval=1.0)
+    assert cli("stop", first).code == 0
+    assert wait_for_end(cli, first, 60)["state"] == "stopped"
+    kept = {
+        host: [k for k in found if k["state"] == "kept"]
+        for host, found in kept_per_host(cli, path).items()
+    }
+    for host in bed.hosts:
+        (keeper,) = kept[host.name]
+        reap_pids.extend([keeper["pid"], keeper["standby"]])
+        assert keeper["standby"] in processes_in(host.namespace, "--standby"), host.name
+
+    path = plain_training_toml(bed, tmp_path, 2, "")
+    second = launch_detached(cli, path, reap_pids)
+    job = wait_for_end(cli, second, 240)
+    assert job["state"] == "succeeded", job["last_cause"]
+    for task in job["tasks"]:
+        log = (tmp_path / "shared" / second / "logs" / f"worker-{task['index']}.log").read_text()
+        warm = WARM.search(log)
+        assert warm, log
+        assert int(warm[1]) == kept[task["host"]][0]["standby"], (task["host"], kept)
     assert wait_for(lambda: no_job_process_left(bed), 15)

@@ -54,12 +54,23 @@ class KeeperEntry:
         return f"keeper {self.pid}: {what}, {standby}{ready}, {self.rss >> 20} MB{left}"
 
 
+def this_host() -> str:
+    """This host as keepers tell hosts apart: its name and its network namespace. Containers
+    or namespaces that share one /tmp, one kernel and even one name still bind different
+    addresses: a trainer must start in a standby of its own network."""
+    try:
+        net = os.stat("/proc/self/ns/net").st_ino
+    except OSError:
+        return socket.gethostname()
+    return f"{socket.gethostname()}@net{net}"
+
+
 def socket_path(job_id: str, task_index: int) -> str:
     """The task's keeper socket in this user's private directory (UnsafeDirectory, an
     OSError, when that directory is not ours alone). The host's name is part of it: hosts that
     share that directory (one /tmp for several containers or namespaces) each keep their own,
     and a task moved to another host never starts in a standby of the host it left."""
-    name = f"{job_id}-{task_index}-{socket.gethostname()}.sock"
+    name = f"{job_id}-{task_index}-{this_host()}.sock"
     if len(name) > 60:  # a unix socket path has at most 107 bytes
         name = hashlib.sha256(name.encode()).hexdigest()[:32] + ".sock"
     return os.path.join(directory(), name)
@@ -67,7 +78,7 @@ def socket_path(job_id: str, task_index: int) -> str:
 
 def kept_socket_path(fingerprint: str, n: int) -> str:
     """The n-th socket of standbys kept for the next job under this fingerprint, on this host."""
-    name = f"kept-{fingerprint[:16]}-{n}-{socket.gethostname()}.sock"
+    name = f"kept-{fingerprint[:16]}-{n}-{this_host()}.sock"
     if len(name) > 60:
         name = "kept-" + hashlib.sha256(name.encode()).hexdigest()[:32] + ".sock"
     return os.path.join(directory(), name)
@@ -155,7 +166,7 @@ def entries(every_host: bool = False) -> list[KeeperEntry]:
         names = os.listdir(where)
     except OSError:
         return []
-    host = socket.gethostname()
+    host = this_host()
     found = []
     for name in names:
         if not (name.startswith("keeper-") and name.endswith(".json")):

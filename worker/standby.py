@@ -86,7 +86,7 @@ class Keeper:
     def record(self) -> None:
         standby = self.standby
         keepers.record(keepers.KeeperEntry(
-            pid=os.getpid(), host=socket.gethostname(),
+            pid=os.getpid(), host=keepers.this_host(),
             job="" if self.kept_until is not None else self.job_id, task=self.task_index,
             state="kept" if self.kept_until is not None else "serving",
             fingerprint=standby.fingerprint if standby else "",

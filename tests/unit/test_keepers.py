@@ -48,7 +48,7 @@ def _program(where: Path) -> subprocess.Popen[bytes]:
 
 def _entry(pid: int, **changes: object) -> keepers.KeeperEntry:
     entry = keepers.KeeperEntry(
-        pid=pid, host=socket.gethostname(), job="job-a", task=0, state="serving",
+        pid=pid, host=keepers.this_host(), job="job-a", task=0, state="serving",
         fingerprint="f" * 32, standby=0, standby_ready=False, trainer=0, rss=1 << 20,
         kept_left=0.0, socket="",
     )  # fmt: skip
@@ -65,11 +65,14 @@ def test_an_entry_counts_only_while_its_process_is_a_keeper_of_ours(
         keepers.record(_entry(4_194_999))  # gone
         keepers.record(_entry(elsewhere.pid))
         keepers.record(_entry(4_194_998, host="another-host"))  # not ours to judge
+        # The same name in another network namespace (one /tmp shared): another host too.
+        keepers.record(_entry(4_194_997, host=f"{socket.gethostname()}@net1"))
         assert [e.pid for e in keepers.entries()] == [fake_keeper.pid]
     finally:
         elsewhere.kill()
         elsewhere.wait()
     assert {p.name for p in private_tmp.glob("keeper-*")} == {
+        "keeper-4194997.json",
         "keeper-4194998.json",
         f"keeper-{fake_keeper.pid}.json",
     }
