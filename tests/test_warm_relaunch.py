@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -15,6 +16,7 @@ import pytest
 from tests.conftest import (
     REPO,
     CliResult,
+    as_nobody,
     job_processes,
     job_view,
     launch_detached,
@@ -73,6 +75,18 @@ def test_a_relaunch_starts_in_the_standbys_the_last_job_kept(
     assert len(kept) == 2 and all(k["job"] == "" and k["standby"] for k in kept), kept
     reap_pids.extend(p for k in kept for p in (k["pid"], k["standby"]))
     standbys = {k["standby"] for k in kept}
+    # Another user reaches none of them: not the kept sockets, not even their directory.
+    probe = (
+        "import os, socket, sys\n"
+        "for path in sys.argv[1:]:\n"
+        "    for reach in (lambda: os.listdir(os.path.dirname(path)),\n"
+        "                  lambda: socket.socket(socket.AF_UNIX).connect(path)):\n"
+        "        try: reach(); print('reached', path)\n"
+        "        except PermissionError: print('refused')\n"
+    )
+    other = as_nobody([sys.executable, "-c", probe, *(k["socket"] for k in kept)], {})
+    out, _ = other.communicate(timeout=30)
+    assert out.split() == ["refused"] * 4, out
     text = cli("standbys", str(config)).out
     assert text.count("kept, standby") == 2 and "MB" in text and "s left" in text, text
 
