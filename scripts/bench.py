@@ -52,6 +52,7 @@ from bench_hostloss import rows as host_loss_row_defs  # noqa: E402
 from bench_infra import agent_rss, dry_run_1000, ssh_rows, status_with_store, trainer_rss  # noqa: E402
 from bench_measure import (  # noqa: E402
     callback_ab,
+    no_kept_standbys,
     orchestrate_run,
     plain_run,
     raw_run,
@@ -168,9 +169,14 @@ def run_suite(quick: bool) -> list[Row]:
         print("P2/P3 cold start and throughput, raw and orchestrated, alternating ...", flush=True)
         rows["P2"].paired = rows["P3"].paired = True
         parts = []
-        for _ in range(pairs):
-            raw = raw_run(root, epochs)
-            ours = orchestrate_run(root, home, epochs)
+        for i in range(pairs):  # each pair's order alternates: no side gains by going first
+            if i % 2:
+                ours = orchestrate_run(root, home, epochs)
+                no_kept_standbys()  # the hand-started workers share the machine with nothing
+                raw = raw_run(root, epochs)
+            else:
+                raw = raw_run(root, epochs)
+                ours = orchestrate_run(root, home, epochs)
             rows["P2"].baseline.append(raw["first_step"])
             rows["P2"].values.append(ours["first_step"])
             parts.append(ours)
@@ -201,9 +207,10 @@ def run_suite(quick: bool) -> list[Row]:
             "trainers in cores: " + ", ".join(f"{a:.2f}/{b:.2f}" for a, b in importing)
         )
         print("P9 plain fit script with and without the bootstrap, alternating ...", flush=True)
-        for _ in range(pairs):
-            rows["P9"].baseline.append(plain_run(root, home, epochs, instrument=False))
-            rows["P9"].values.append(plain_run(root, home, epochs, instrument=True))
+        for i in range(pairs):
+            for instrument in (True, False) if i % 2 else (False, True):
+                rate = plain_run(root, home, epochs, instrument=instrument)
+                (rows["P9"].values if instrument else rows["P9"].baseline).append(rate)
         ab = callback_ab(root, 3 if quick else 15)
         rows["P9b"].baseline = [without for without, _ in ab]
         rows["P9b"].values = [with_ours for _, with_ours in ab]
