@@ -153,6 +153,7 @@ def test_a_script_that_sets_import_time_variables_itself_is_started_over_cold(
         runs = [(s["attempt"], s["tf_imported"]) for s in _startups(log)]
         # Cold; warm, then started over cold in the same process; cold again.
         assert runs == [("0", False), ("1", True), ("1", False), ("2", False)], runs
+        assert not any(s["mark"] for s in _startups(log))  # each saw a cold start's env
         assert (
             "orchestrate: the script sets TF_CPP_MIN_LOG_LEVEL, TF_ENABLE_ONEDNN_OPTS before "
             "importing TensorFlow, which this warm trainer had imported already: starting over "

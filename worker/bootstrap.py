@@ -133,6 +133,9 @@ def _die_as_the_interpreter_would(exc: BaseException) -> None:
 
 def main() -> None:
     module, script, args = _parse(sys.argv[1:])
+    # Set only by _start_cold, for the agent's check of /proc/PID/environ (which keeps it):
+    # the script and its children see the environment a cold start has.
+    os.environ.pop(ENV_STANDBY, None)
     stacks.install_in_trainer(os.environ.get(ENV_TASK_DIR), os.environ.get(ENV_ATTEMPT))
     writer = progress.shared()
     writer.phase(Phase.STARTING)

@@ -67,7 +67,7 @@ def this_host() -> str:
 
 def socket_path(job_id: str, task_index: int) -> str:
     """The task's keeper socket in this user's private directory (UnsafeDirectory, an
-    OSError, when that directory is not ours alone). The host's name is part of it: hosts that
+    OSError, when that directory is not ours alone). The host (this_host) is part of it: hosts that
     share that directory (one /tmp for several containers or namespaces) each keep their own,
     and a task moved to another host never starts in a standby of the host it left."""
     name = f"{job_id}-{task_index}-{this_host()}.sock"
