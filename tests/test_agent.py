@@ -6,12 +6,13 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import REPO, wait_for
-from worker.proctl import is_alive
+from worker.proctl import HURRY, is_alive
 from worker.spec import AgentState, TaskStatus, WorkerSpec
 
 FAKE = Path(__file__).parent / "fixtures" / "fake_trainer.py"
@@ -111,6 +112,46 @@ def test_trainer_dies_with_a_sigkilled_agent(tmp_path: Path) -> None:
     finally:
         if is_alive(trainer):
             os.kill(trainer, signal.SIGKILL)
+
+
+def test_a_second_sigterm_within_the_grace_leaves_the_trainer_its_checkpoint(
+    tmp_path: Path,
+) -> None:
+    """Slurm signals every process of a step, and may do so twice (its --signal warning, then
+    an scancel or a preemption): the trainer still ends its epoch and exits to be restarted."""
+    proc, spec = _start(tmp_path, "checkpoint-on-term:1.5:42", grace=10.0)
+    try:
+        _trainer_pid(spec)
+        wait_for(lambda: (s := _status(spec)) and s.state == AgentState.RUNNING, 10)
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=15) == 42
+        status = _status(spec)
+        assert status is not None and status.exit_code == 42
+        assert status.state == AgentState.FAILED  # the coordinator's cue for a preemption
+        log = Path(spec.layout.log_path(0)).read_text()
+        assert "checkpointed after 1 SIGTERM(s)" in log  # forwarded once
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_hurry_ends_the_grace_at_once(tmp_path: Path) -> None:
+    proc, spec = _start(tmp_path, "checkpoint-on-term:30:42", grace=30.0)
+    try:
+        trainer = _trainer_pid(spec)
+        wait_for(lambda: (s := _status(spec)) and s.state == AgentState.RUNNING, 10)
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.2)
+        proc.send_signal(HURRY)
+        assert proc.wait(timeout=10) == 128 + signal.SIGKILL
+        assert not is_alive(trainer)
+        status = _status(spec)
+        assert status is not None and status.state == AgentState.STOPPED
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
 
 
 @pytest.mark.parametrize("bad_argv", [["/no/such/python"]])

@@ -3,7 +3,8 @@
 Started detached (its own session: its pid is its process group id). It runs the entrypoint
 with TF_CONFIG set (through worker/bootstrap.py unless not instrumented), sends the trainer's
 output to the task's log on the shared directory, writes status + heartbeat atomically,
-forwards SIGTERM (grace, then SIGKILL), and the trainer never outlives it (PR_SET_PDEATHSIG).
+forwards SIGTERM once (grace, then SIGKILL; proctl.HURRY ends the grace early), and the
+trainer never outlives it (PR_SET_PDEATHSIG).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import BinaryIO
 from worker import ship, stacks
 from worker.children import BOOTSTRAP, die_with_parent, exit_waiter
 from worker.contact import cut_off, forget, peer_endpoints
-from worker.proctl import not_nested
+from worker.proctl import HURRY, not_nested
 from worker.resources import ResourceSampler, sampler_for, tensorboard_scalars
 from worker.spec import (
     ENV_ATTEMPT,
@@ -131,6 +132,7 @@ class Agent:
         self.progress_path.unlink(missing_ok=True)
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, not_nested(self._on_stop_signal))
+        signal.signal(HURRY, not_nested(self._on_hurry))
         self._write_status(AgentState.STARTING)
 
         with open(self.log_path, "ab", buffering=0) as log:
@@ -264,15 +266,21 @@ class Agent:
         threading.Thread(target=take, name="stacks", daemon=True).start()
 
     def _on_stop_signal(self, signum: int, frame: FrameType | None) -> None:
-        if not self._stop_requested.is_set():
-            self._stop_requested.set()
-            self._stop_deadline = time.monotonic() + self.spec.stop_grace
-        elif signum == signal.SIGTERM and self._trainer is not None:
-            # A second SIGTERM: the grace is over (worker.proctl.stop_group). The trainer goes
-            # now, so that this agent can say how it ended before it is killed too.
-            self._trainer.kill()
+        # Once: the trainer has it, and its grace runs. Another (Slurm signals every process
+        # of a step, and may do so twice) neither shortens the grace nor reaches the trainer.
+        if self._stop_requested.is_set():
             return
+        self._stop_requested.set()
+        self._stop_deadline = time.monotonic() + self.spec.stop_grace
         self._forward_stop()
+
+    def _on_hurry(self, signum: int, frame: FrameType | None) -> None:
+        """The grace is over (worker.proctl.stop_group, a Slurm step's stop): the trainer goes
+        now, so that this agent can say how it ended before it is killed too."""
+        self._stop_requested.set()
+        self._stop_deadline = time.monotonic()  # a trainer still starting goes once it has
+        if self._trainer is not None:
+            self._trainer.kill()
 
     def _forward_stop(self) -> None:
         trainer = self._trainer

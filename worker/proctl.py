@@ -134,6 +134,11 @@ def group_is_ours(pgid: int, ident: str) -> bool:
 # Seconds the leader of a group (an agent) has, once its trainer is killed, to write how it
 # ended before it is killed too.
 LEADER_LAST_WORDS = 1.0
+# "The grace is over": the agent kills its trainer now and writes how it ended. Not a second
+# SIGTERM: a scheduler may send SIGTERM more than once within the grace (Slurm's --signal
+# warning, then a preemption or an scancel), and each must leave the trainer its checkpoint.
+# A real-time signal, which nothing else sends to these processes.
+HURRY = signal.SIGRTMIN + 3
 
 
 def stop_group(pgid: int, grace: float, ident: str = "", poll: float = 0.05) -> bool:
@@ -161,18 +166,18 @@ def stop_group(pgid: int, grace: float, ident: str = "", poll: float = 0.05) -> 
     if wait_until_gone(grace):
         return True
     # Past the grace: the leader's followers (a trainer) are killed, and the leader (the
-    # agent) is told to hurry with a second SIGTERM, so that it ends its own way: its note of
-    # how the trainer ended and its final status reach the log. Then the whole group goes.
+    # agent) is told to hurry, so that it ends its own way: its note of how the trainer ended
+    # and its final status reach the log. Then the whole group goes.
     for pid in group_members(pgid) - {pgid}:
         _signal_checked(pid, signal.SIGKILL, functools.partial(_in_group, pid, pgid, ident))
-    _signal_checked(pgid, signal.SIGTERM, functools.partial(_in_group, pgid, pgid, ident))
+    _signal_checked(pgid, HURRY, functools.partial(_in_group, pgid, pgid, ident))
     if wait_until_gone(LEADER_LAST_WORDS):
         return True
     _signal_group(pgid, signal.SIGKILL)
     return wait_until_gone(5.0)
 
 
-def _signal_checked(pid: int, sig: signal.Signals, check: Callable[[], bool]) -> None:
+def _signal_checked(pid: int, sig: int, check: Callable[[], bool]) -> None:
     """Signal pid only if `check` holds of it, through a pidfd opened before the check: the
     process checked is the process signalled, even if the number is reused meanwhile."""
     if pid <= 1:

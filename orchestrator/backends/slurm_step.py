@@ -12,6 +12,7 @@ from pathlib import Path
 
 from orchestrator.backends.slurm_allocation import Allocation, run_slurm
 from orchestrator.errors import OrchestrateError
+from worker.proctl import HURRY, LEADER_LAST_WORDS
 
 STEP_LOOKUP_INTERVAL = 1.0  # squeue at most this often for an adopted step
 
@@ -80,8 +81,9 @@ class Step:
         return True
 
     def stop(self, grace: float) -> bool:
-        """SIGTERM to every task (they checkpoint or stop), up to `grace`, then scancel the
-        step (SIGKILL); True once the step is gone."""
+        """SIGTERM to every task (they checkpoint or stop), up to `grace`, then the agents'
+        "hurry" (each kills its trainer and says how it ended), then scancel the step
+        (SIGKILL after KillWait); True once the step is gone."""
         if not self.alive():
             return True
         if self.step_id:
@@ -91,6 +93,9 @@ class Step:
         if self.wait(grace):
             return True
         if self.step_id:
+            run_slurm(["scancel", f"--signal={int(HURRY)}", self.name])
+            if self.wait(LEADER_LAST_WORDS):
+                return True
             run_slurm(["scancel", self.name])
         if self.wait(10.0):
             return True
