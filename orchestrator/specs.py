@@ -64,7 +64,9 @@ def make_specs(
             warm_restart=warm_restarts(config, backend),
             # The keeper waits out the longest restart gap: the backoff, then the preflight.
             standby_linger=config.restart.backoff_max + 60.0,
-            keep_standbys=config.restart.keep_standbys,
+            keep_standbys=config.restart.keep_standbys
+            if backend.capabilities.kept_standbys
+            else 0.0,
             keep_standbys_bytes=config.restart.keep_standbys_mb << 20,
             sample_resources=sup.sample_resources,
             since_launch=max(0.0, since_launch),

@@ -23,7 +23,7 @@ root for the namespaced test bed; without it they are reported as skipped, with 
 | P9b | the same cost in one process: fit calls alternating | fit without our callbacks |
 | P10 | a host's link down -> group stopping, 3 SSH hosts | TensorFlow's own: a survivor exits |
 | P11 | a host's link down -> training resumed on a spare | the same TensorFlow failure time |
-| P12 | Slurm: trainer SIGKILLed -> resumed, a new step in the allocation | cold start, sbatch |
+| P12 | Slurm: trainer SIGKILLed -> resumed warm, a new step of the allocation | cold sbatch |
 | P13 | Slurm: `launch` to every task's first epoch done | sbatch + srun by hand |
 | P14 | trainer SIGKILLed -> training resumed, in the warm standby | a hand-started cold start |
 | P14b | RSS of a warm standby when ready | a trainer's RSS, same round |

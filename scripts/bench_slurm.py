@@ -3,7 +3,8 @@
 slurmd in network namespaces), real TensorFlow, the plain `fit` script of P9 (it imports nothing
 of orchestrate). Needs root, slurm-wlm and munge.
 
-P12: a trainer SIGKILLed -> training resumed, a new srun step in the same allocation, against
+P12: a trainer SIGKILLed (once every task's standby is ready) -> training resumed, a new srun
+     step in the same allocation whose agents start the standbys, against
      a cold start of the same job through sbatch (`orchestrate launch`: submit, allocation,
      step, TensorFlow, rendezvous), in the same run. Both to every task's first training step.
 P13: that cold start (`orchestrate launch` to the end of every task's first epoch) against the
@@ -119,6 +120,9 @@ def orchestrated(
         wait(lambda: all(epochs_in(log) >= 1 for log in logs), 240, 0.05)
         cold_epoch = time.time() - started
         wait(lambda: all(t["epoch"] >= 2 for t in job_json(env, job_id)["tasks"]), 240, 0.2)
+        # A restart as it comes in a run of some length: each task's keeper (the job's keeper
+        # step) holds a standby that has imported TensorFlow.
+        wait(lambda: all("warm standby ready" in log.read_text() for log in logs), 240, 0.2)
         victim = next(t for t in job_json(env, job_id)["tasks"] if t["index"] == 1)
         killed = time.time()
         os.kill(victim["pid"], signal.SIGKILL)
@@ -190,13 +194,13 @@ def slurm_rows(root: Path, repeat: int, p12: Row, p13: Row) -> None:
 def rows() -> tuple[Row, Row]:
     p12 = Row(
         "P12",
-        "Slurm: trainer SIGKILLed -> resumed, a new step in the allocation",
+        "Slurm: trainer SIGKILLed -> resumed warm, a new step in the allocation",
         "s",
         kind="ratio",
-        target_ratio=1.0,
+        target_ratio=0.5,
         paired=True,  # each round's restart against that round's cold start
         baseline_label="a cold start through sbatch (`launch` to first steps)",
-        target="< the cold start",
+        target="<= 0.5x the cold start",
     )
     p13 = Row(
         "P13",

@@ -168,10 +168,14 @@ def test_a_three_node_job_trains_to_the_end_and_its_allocation_completes(
 def test_a_killed_trainer_restarts_the_group_as_a_new_step_of_the_same_allocation(
     slurm: slurmbed.SlurmBed, cli: Callable[..., CliResult], tmp_path: Path, reap_pids: list[int]
 ) -> None:
-    path = slurm_toml(tmp_path, epochs=6)
+    path = slurm_toml(tmp_path, epochs=40)
     job_id = launch_detached(cli, path, reap_pids)
     running: Any = wait_for(lambda: tasks_at_epoch(cli, job_id, 2), 120, interval=0.3)
     slurm_job = running["slurm_job"]
+    logs = [tmp_path / "shared" / job_id / "logs" / f"worker-{i}.log" for i in range(3)]
+    # Each task's keeper, in the job's keeper step, readies a standby while attempt 0 trains.
+    wait_for(lambda: all("warm standby ready" in log.read_text() for log in logs), 120)
+    running = job_view(cli, job_id)
     victim = next(t for t in running["tasks"] if t["index"] == 1)
     os.kill(victim["pid"], 9)  # a trainer the test bed's slurmd started for this job
     job = wait_for_end(cli, job_id, timeout=240)
@@ -179,9 +183,14 @@ def test_a_killed_trainer_restarts_the_group_as_a_new_step_of_the_same_allocatio
     assert job["restarts"] == 1
     assert job["slurm_job"] == slurm_job  # no requeue: the same allocation
     step = json.loads((tmp_path / "shared" / job_id / "slurm" / "step.json").read_text())
-    assert step == {"attempt": 1, "step": "1"}  # the second srun step of that allocation
+    # The second attempt's srun step (the keeper step, started with the first, is another).
+    assert step["attempt"] == 1 and step["step"] != "0", step
     assert all(t["attempt"] == 1 and t["initial_epoch"] >= 1 for t in job["tasks"]), job
     assert "exited with code 137" in events(cli, job_id)
+    # The new step's agents ran the entrypoint in the standbys: no interpreter start, no import.
+    for log in logs:
+        attempt_1 = log.read_text().split("attempt 1:")[1]
+        assert "warm start: the standby" in attempt_1, attempt_1[:2000]
     assert slurm_state(slurm_job) == "COMPLETED"
     no_leftovers(job_id)
 

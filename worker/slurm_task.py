@@ -14,13 +14,19 @@ The coordinator starts one `srun` step per attempt, one of these per task. Each 
 
 It exits 0 once the agent has written the task's final status (the status file says how the
 trainer ended), and non-zero only when it could not get that far: `srun --kill-on-bad-exit`
-then ends the whole step, which the coordinator sees at once. Standard library only.
+then ends the whole step, which the coordinator sees at once.
+
+`python -m worker.slurm_task --keeper JOB_ROOT` is a task of the job's keeper step instead: it
+becomes the warm-standby keeper (worker/standby.py) of the task with its SLURM_PROCID, on the
+same node as that task in every attempt's step. Its step outlives the attempts' steps, so the
+next attempt's agent finds a standby with TensorFlow imported. Standard library only.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -32,6 +38,9 @@ from worker.probe import free_ports, probe
 from worker.spec import JobLayout, WorkerSpec
 
 SPEC_WAIT = 300.0  # seconds to wait for the coordinator's spec before giving up
+# A keeper with no agent ends after this long; the keeper step is ended with the job before.
+KEEPER_LINGER = 7 * 24 * 3600.0
+STANDBY = str(Path(__file__).resolve().with_name("standby.py"))
 POLL = 0.05
 
 
@@ -91,8 +100,22 @@ def wait_for_spec(path: Path, attempt: int, timeout: float) -> WorkerSpec | None
     return None
 
 
+def become_keeper(job_root: Path) -> None:
+    """Exec this node's task's keeper (agents check a keeper by its program: standby.py).
+    Nothing is kept past the job: the allocation is the job's alone."""
+    procid = int(os.environ["SLURM_PROCID"])
+    layout = JobLayout(job_root.parent.as_posix(), job_root.name)
+    task_dir = Path(layout.task_dir(procid))
+    task_dir.mkdir(parents=True, exist_ok=True)
+    argv = [sys.executable, STANDBY, job_root.name, str(procid), str(KEEPER_LINGER),
+            str(task_dir / "standby.log"), "0", "0"]  # fmt: skip
+    os.execv(sys.executable, argv)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    if len(args) == 2 and args[0] == "--keeper":
+        become_keeper(Path(args[1]))
     if len(args) != 2:
         print("usage: python -m worker.slurm_task STEP_DIR ATTEMPT", file=sys.stderr)
         return 2
@@ -108,8 +131,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[orchestrate] no spec for attempt {attempt} after {SPEC_WAIT:g}s", file=sys.stderr)
         return 3
     from worker.agent import Agent  # imported late: signals stay Slurm's until the agent runs
+    from worker.proctl import HURRY
 
     Agent(spec).run()
+    # The final status is written. A stop from now on (the coordinator stops the step as soon
+    # as it reads that status) has nothing left to stop; it must not kill this process while
+    # the interpreter exits (its handlers are the default again by then): Slurm would count a
+    # task killed by a signal and end the whole step at once, the other agents unfinished.
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, HURRY):
+        signal.signal(sig, signal.SIG_IGN)
     return 0
 
 

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 class Capabilities:
     # A task's next attempt may start in a standby that imported TensorFlow already.
     warm_restarts: bool = True
+    # A task's ready standby may be kept past the job's end for this user's next job.
+    kept_standbys: bool = True
     # Agents stop their trainer when cut off from the coordinator and every peer (where no
     # scheduler ends the tasks for us).
     orphan_timeout: bool = True

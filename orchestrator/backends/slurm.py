@@ -33,6 +33,7 @@ from orchestrator.backends.slurm_allocation import (
 )
 from orchestrator.backends.slurm_commands import (
     SlurmState,
+    keeper_srun_argv,
     literal_for_pattern,
     slurm_task_argv,
     srun_argv,
@@ -44,12 +45,14 @@ from orchestrator.errors import LaunchError, OrchestrateError, PreflightError, T
 from orchestrator.fanout import HostResults
 from orchestrator.plan import StepTask, step_plan
 from orchestrator.preflight import step_problems
+from orchestrator.specs import warm_restarts
 from orchestrator.store import JobRecord
 from orchestrator.transport.base import Observation, ProcessRef, Watching
 from orchestrator.transport.local import LocalTransport, watch_here
 from worker.spec import ENV_JOB_ID, JobLayout
 
 HELLO_TIMEOUT = 120.0  # seconds for every task of a step to introduce itself
+KEEPERS_STOP_GRACE = 5.0  # seconds for the keepers to end their standbys and exit
 # squeue while the allocation waits: every 0.2 s for the first 10 s (a free cluster allocates
 # within its scheduler's interval), then less often, up to every 5 s (a queue can take hours;
 # each poll is an RPC to slurmctld).
@@ -93,9 +96,10 @@ class SlurmHosts:
 
     kind = "slurm"
     # Slurm ends the step's tasks itself, places them, and names the nodes only once the
-    # allocation runs; a standby would not outlive the step.
+    # allocation runs. Standbys live in a keeper step of their own, beside the attempts' steps,
+    # for as long as the allocation runs: never past the job.
     capabilities = Capabilities(
-        warm_restarts=False,
+        kept_standbys=False,
         orphan_timeout=False,
         elastic_width=False,
         hosts_known_before_launch=False,
@@ -105,6 +109,7 @@ class SlurmHosts:
         self.config = config
         self.allocation: Allocation | None = None
         self.step: Step | None = None
+        self.keepers: Step | None = None  # the keeper step of this run of the allocation
         self.owns_allocation = False  # a supervisor's: released when it closes
         self.fresh_run = True  # no step yet since the allocation (re)started: run setup
         self._transports = [
@@ -157,7 +162,33 @@ class SlurmHosts:
         return Sweep({name: f"still running {grace:g}s after scancel"}, {}, unconfirmed)
 
     def end_standbys(self, job_id: str) -> None:
-        """None: a step's tasks end with it."""
+        """End the keeper step: its keepers end their standbys (and nothing is kept)."""
+        self.stop_keepers()
+
+    def start_keepers(
+        self, config: ClusterConfig, job_id: str, layout: JobLayout, copy: str
+    ) -> None:
+        """The keeper step, unless it runs already in this run of the allocation: a keeper per
+        task on the task's node, which the attempts' agents ask for standbys."""
+        if self.allocation is None or (self.keepers is not None and self.keepers.alive()):
+            return
+        argv = keeper_srun_argv(
+            config, self.allocation.id,
+            literal_for_pattern(str(Path(layout.root) / "tasks")) + "/%t/standby.log",
+            slurm_task_argv(config, copy), str(layout.root),
+        )  # fmt: skip
+        with open(Path(layout.root) / "slurm" / "keepers.log", "ab") as log:
+            proc = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                env={**os.environ, ENV_JOB_ID: job_id}, start_new_session=True,
+            )  # fmt: skip
+        self.keepers = Step(self.allocation, proc)
+
+    def stop_keepers(self) -> None:
+        """SIGTERM to srun, which passes it to every keeper: each ends its standby, then exits."""
+        if self.keepers is not None:
+            self.keepers.stop(KEEPERS_STOP_GRACE)
+            self.keepers = None
 
     def standbys(self, clear: bool) -> HostResults[int, list[dict[str, Any]]]:
         """None kept: a step's processes end with it."""
@@ -174,6 +205,7 @@ class SlurmHosts:
             return
         with contextlib.suppress(OrchestrateError):
             self.stop_step(0.0)
+            self.stop_keepers()
             if succeeded:
                 self.allocation.release(Path(layout.root) / "slurm" / "release")
             else:
@@ -289,6 +321,8 @@ class SlurmHosts:
             copy = shipping.copy_under(worker_copies(config))
         except (OSError, ValueError) as exc:
             raise LaunchError(f"cannot install the worker package in shared_dir: {exc}") from None
+        if warm_restarts(config, self):
+            self.start_keepers(config, job_id, layout, copy)
         argv = srun_argv(
             config, self.allocation.id, attempt, str(step_dir),
             literal_for_pattern(str(Path(layout.root) / "tasks")) + "/%t/agent.log",

@@ -206,6 +206,31 @@ def srun_argv(
     ]
 
 
+def keeper_srun_argv(
+    config: ClusterConfig, allocation: str, logs: str, program: Sequence[str], job_root: str
+) -> list[str]:
+    """The job's keeper step: a warm-standby keeper for each task, on the task's node (the same
+    block distribution as the attempts' steps), living as long as the allocation runs, so that
+    a restart's new step finds its standbys ready (worker.slurm_task --keeper)."""
+    backend = config.backend
+    assert isinstance(backend, SlurmBackend)
+    return [
+        "srun",
+        f"--jobid={allocation}",
+        "--job-name=keepers",
+        f"--nodes={backend.nodes}",
+        f"--ntasks={backend.nodes * backend.tasks_per_node}",
+        f"--ntasks-per-node={backend.tasks_per_node}",
+        "--distribution=block",
+        "--overlap",  # beside the attempts' steps, on the same CPUs
+        f"--output={logs}",
+        "--open-mode=append",
+        *program,
+        "--keeper",
+        job_root,
+    ]
+
+
 # Words of sbatch's refusals and the key they are about.
 _REFUSAL_KEYS: Sequence[tuple[str, str]] = (
     ("account", "backend.account"),  # before partition: "account/partition combination"
@@ -251,8 +276,15 @@ def dry_run_lines(config: ClusterConfig) -> list[str]:
         config, "<slurm job>", 0, f"{job_dir}/slurm/attempt-0",
         f"{pattern_dir}/tasks/%t/agent.log", slurm_task_argv(config),
     )  # fmt: skip
-    return [
+    lines = [
         "(nodes are named by Slurm when the allocation runs)",
         "allocation: " + shlex.join(sbatch),
         "each attempt: " + shlex.join(srun),
     ]
+    if config.restart.warm_restart and config.entrypoint.instrument:
+        keepers = keeper_srun_argv(
+            config, "<slurm job>", f"{pattern_dir}/tasks/%t/standby.log",
+            slurm_task_argv(config), job_dir,
+        )  # fmt: skip
+        lines.append("warm standbys, while the allocation runs: " + shlex.join(keepers))
+    return lines

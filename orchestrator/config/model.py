@@ -304,11 +304,12 @@ class RestartSection(_Model):
     # A host replaced by a spare rests this long before it may serve as a spare itself.
     quarantine: Annotated[Seconds, Field(ge=0)] = 300.0
     # Warm restarts: each task keeps a standby interpreter with TensorFlow imported, and a
-    # restart runs the entrypoint in it (no interpreter start, no import). Not on Slurm (a step
-    # ends with every process in it) nor with entrypoint.instrument = false.
+    # restart runs the entrypoint in it (no interpreter start, no import). On Slurm the keepers
+    # run in a step of their own beside the attempts'. Not with entrypoint.instrument = false.
     warm_restart: bool = True
     # Warm relaunches: when the job ends, each task's ready standby is kept this long for this
     # user's next job with the same Python and environment (the edit-run loop); 0: never kept.
+    # Not on Slurm: the allocation ends with the job.
     keep_standbys: Annotated[Seconds, Field(ge=0)] = 600.0
     # The most memory (MB) this user's kept standbys may hold on one host; past it, not kept.
     keep_standbys_mb: Annotated[int, Field(ge=0, le=1 << 20)] = 4096

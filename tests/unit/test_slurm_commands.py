@@ -15,6 +15,8 @@ from orchestrator.backends.slurm_allocation import AllocationEnded
 from orchestrator.backends.slurm_commands import (
     AllocationView,
     SlurmState,
+    dry_run_lines,
+    keeper_srun_argv,
     literal_for_pattern,
     refusal_key,
     refusal_reason,
@@ -148,6 +150,24 @@ def test_the_srun_line_starts_one_task_per_worker_in_the_allocation(tmp_path: Pa
                  "--output=/s/tasks/%t/agent.log"):  # fmt: skip
         assert flag in argv, flag
     assert argv[-5:] == [*program, "/s/attempt-3", "3"]
+
+
+def test_the_keeper_step_puts_a_keeper_beside_each_task_and_never_ends_the_others(
+    tmp_path: Path,
+) -> None:
+    cfg = slurm_config(tmp_path, "tasks_per_node = 2")
+    program = ["/venv/python", "/s/.orchestrate/worker-0123/worker", "slurm_task"]
+    argv = keeper_srun_argv(cfg, "17", "/s/tasks/%t/standby.log", program, "/s/job")
+    # The attempts' placement (block, per node), so keeper N is on task N's node.
+    for flag in ("--jobid=17", "--nodes=2", "--ntasks=4", "--ntasks-per-node=2",
+                 "--distribution=block", "--overlap", "--output=/s/tasks/%t/standby.log"):  # fmt: skip
+        assert flag in argv, flag
+    assert "--kill-on-bad-exit=1" not in argv  # a keeper that ends leaves the others be
+    assert argv[-5:] == [*program, "--keeper", "/s/job"]
+    lines = dry_run_lines(cfg)
+    assert any(line.startswith("warm standbys, while the allocation runs: srun ") for line in lines)
+    no_warm = slurm_config(tmp_path, "tasks_per_node = 2", "[restart]\nwarm_restart = false")
+    assert not any("warm standbys" in line for line in dry_run_lines(no_warm))
 
 
 @pytest.mark.parametrize(
