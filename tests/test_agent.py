@@ -86,12 +86,23 @@ def test_failure_exit_code_is_propagated(tmp_path: Path) -> None:
     assert status is not None and status.state == AgentState.FAILED and status.exit_code == 7
 
 
-def test_sigterm_is_forwarded_and_escalates_to_sigkill(tmp_path: Path) -> None:
-    proc, spec = _start(tmp_path, "ignore-term", grace=1.0)
+@pytest.mark.parametrize(
+    ("mode", "grace", "signals"),
+    [
+        ("ignore-term", 1.0, [signal.SIGTERM]),  # the grace runs out
+        ("checkpoint-on-term:30:42", 30.0, [signal.SIGTERM, HURRY]),  # the grace ends early
+    ],
+)
+def test_a_trainer_still_running_past_the_grace_is_killed(
+    tmp_path: Path, mode: str, grace: float, signals: list[int]
+) -> None:
+    proc, spec = _start(tmp_path, mode, grace=grace)
     try:
         trainer = _trainer_pid(spec)
         wait_for(lambda: (s := _status(spec)) and s.state == AgentState.RUNNING, 10)
-        proc.send_signal(signal.SIGTERM)
+        for signum in signals:
+            proc.send_signal(signum)
+            time.sleep(0.2)
         assert proc.wait(timeout=15) == 128 + signal.SIGKILL
         assert not is_alive(trainer)
         status = _status(spec)
@@ -132,23 +143,6 @@ def test_a_second_sigterm_within_the_grace_leaves_the_trainer_its_checkpoint(
         assert status.state == AgentState.FAILED  # the coordinator's cue for a preemption
         log = Path(spec.layout.log_path(0)).read_text()
         assert "checkpointed after 1 SIGTERM(s)" in log  # forwarded once
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-
-
-def test_hurry_ends_the_grace_at_once(tmp_path: Path) -> None:
-    proc, spec = _start(tmp_path, "checkpoint-on-term:30:42", grace=30.0)
-    try:
-        trainer = _trainer_pid(spec)
-        wait_for(lambda: (s := _status(spec)) and s.state == AgentState.RUNNING, 10)
-        proc.send_signal(signal.SIGTERM)
-        time.sleep(0.2)
-        proc.send_signal(HURRY)
-        assert proc.wait(timeout=10) == 128 + signal.SIGKILL
-        assert not is_alive(trainer)
-        status = _status(spec)
-        assert status is not None and status.state == AgentState.STOPPED
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
