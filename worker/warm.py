@@ -287,8 +287,13 @@ def prepare_standby(
     if short:
         note(f"no warm standby on this host: {short}")
         return keeper
-    if keeper is None:
-        keeper, problem = start_keeper(spec, f"{task_dir}/standby.log", ready)
+    if keeper is None:  # the task's keeper if it runs (a Slurm job's keeper step), else a new one
+        try:
+            keeper, problem = KeeperLink.connect(socket_path(spec.job_id, spec.task_index), ready)
+        except OSError as exc:
+            keeper, problem = None, f"no private directory for the keeper's socket: {exc}"
+        if keeper is None and not problem:
+            keeper, problem = start_keeper(spec, f"{task_dir}/standby.log", ready)
         if keeper is None:
             note(f"no warm standby: {problem}")
             return None

@@ -165,9 +165,7 @@ class SlurmHosts:
         """End the keeper step: its keepers end their standbys (and nothing is kept)."""
         self.stop_keepers()
 
-    def start_keepers(
-        self, config: ClusterConfig, job_id: str, layout: JobLayout, copy: str
-    ) -> None:
+    def start_keepers(self, config: ClusterConfig, job_id: str, layout: JobLayout) -> None:
         """The keeper step, unless it runs already in this run of the allocation: a keeper per
         task on the task's node, which the attempts' agents ask for standbys."""
         if self.allocation is None or (self.keepers is not None and self.keepers.alive()):
@@ -175,7 +173,7 @@ class SlurmHosts:
         argv = keeper_srun_argv(
             config, self.allocation.id,
             literal_for_pattern(str(Path(layout.root) / "tasks")) + "/%t/standby.log",
-            slurm_task_argv(config, copy), str(layout.root),
+            slurm_task_argv(config), str(layout.root),
         )  # fmt: skip
         with open(Path(layout.root) / "slurm" / "keepers.log", "ab") as log:
             proc = subprocess.Popen(
@@ -240,6 +238,8 @@ class SlurmHosts:
             self.transport(0).put_file(
                 str(layout.spec_path(spec.task_index)), spec.to_json().encode()
             )
+        if warm_restarts(config, self):  # after the attempt's step: not to delay its start
+            self.start_keepers(config, request.job_id, layout)
         return Launched(plan, agents)
 
     def ensure_running(
@@ -321,8 +321,6 @@ class SlurmHosts:
             copy = shipping.copy_under(worker_copies(config))
         except (OSError, ValueError) as exc:
             raise LaunchError(f"cannot install the worker package in shared_dir: {exc}") from None
-        if warm_restarts(config, self):
-            self.start_keepers(config, job_id, layout, copy)
         argv = srun_argv(
             config, self.allocation.id, attempt, str(step_dir),
             literal_for_pattern(str(Path(layout.root) / "tasks")) + "/%t/agent.log",
