@@ -90,6 +90,10 @@ def test_a_restart_runs_in_the_standby_and_the_script_sees_a_fresh_start(
             assert seen["cwd"] == cold["cwd"]
         assert (cold["attempt"], warm["attempt"]) == ("0", "1")
         assert not cold["tf_imported"] and warm["tf_imported"]  # the standby had imported it
+        # And, ahead, the libraries the task's last trainer imported (worker.warm_imports).
+        assert not cold["sklearn_imported"] and warm["sklearn_imported"]
+        recorded = tmp_path / "shared" / job_id / "tasks" / str(i) / "warm-imports.json"
+        assert "sklearn.datasets" in json.loads(recorded.read_text())["modules"]
         # Every attempt's own lines reach the durable log `orchestrate logs` reads: the failed
         # attempt's end and the standby's notes too, byte for byte the task's log.
         copy = tmp_path / "home" / "jobs" / job_id / "logs" / f"worker-{i}.log"
@@ -163,4 +167,8 @@ def test_a_script_that_sets_import_time_variables_itself_is_started_over_cold(
         assert f"no warm standby on this host: {reason}" in log
         assert f"cold start: {reason}" in log
         assert log.count("warm start: the standby") == 1
+        # Nor did its standby import the script's libraries ahead: it set variables first.
+        assert not any(s["sklearn_imported"] for s in _startups(log))
+        recorded = tmp_path / "shared" / job_id / "tasks" / str(i) / "warm-imports.json"
+        assert json.loads(recorded.read_text()) == {"modules": []}
     wait_for(lambda: not job_processes(job_id), 15)

@@ -52,6 +52,7 @@ from worker.warm import (
     undone_reason,
     warm_start,
 )
+from worker.warm_imports import ENV_RECORD_IMPORTS
 
 FINAL_STATUS_PATIENCE = 30.0  # seconds to keep trying to write the final status
 MAX_PROGRESS_BYTES = 64 << 10  # the progress file a trainer writes: well over what we write
@@ -89,6 +90,8 @@ def trainer_env(spec: WorkerSpec) -> dict[str, str]:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [env.get("PYTHONPATH"), copy]))
     if not spec.sample_resources:
         env[ENV_TIME_WAITS] = "0"
+    if spec.warm_restart and spec.warm_imports:
+        env[ENV_RECORD_IMPORTS] = "1"
     return env
 
 

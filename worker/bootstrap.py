@@ -32,7 +32,7 @@ import types
 from types import TracebackType
 from typing import Any
 
-from worker import import_env, progress, stacks
+from worker import import_env, progress, stacks, warm_imports
 from worker.instrument import Instrumentation
 from worker.spec import ENV_ATTEMPT, ENV_TASK_DIR, Phase
 from worker.standby_child import ENV_STANDBY
@@ -139,6 +139,10 @@ def main() -> None:
     stacks.install_in_trainer(os.environ.get(ENV_TASK_DIR), os.environ.get(ENV_ATTEMPT))
     writer = progress.shared()
     writer.phase(Phase.STARTING)
+    task_dir = os.environ.get(ENV_TASK_DIR)
+    if task_dir and os.environ.get(warm_imports.ENV_RECORD_IMPORTS) == "1":
+        recorder = warm_imports.Recorder(task_dir, import_env.READ_LATER | import_env.PER_JOB)
+        writer.before_training = recorder.record
     instrumentation = Instrumentation(writer)
     instrumentation.finder().install()
     atexit.register(instrumentation.stop)
@@ -193,6 +197,8 @@ def standby(control_fd: int) -> None:
     if os.environ.get("TF_USE_LEGACY_KERAS") == "1":
         with contextlib.suppress(ImportError):
             import tf_keras  # noqa: F401
+    ahead = os.environ.pop(warm_imports.ENV_WARM_IMPORTS, "")
+    warm_imports.import_ahead(ahead.split(",") if ahead else [])
     control.sendall(b"ready\n")
     data = b""
     while not data.endswith(b"\n"):
@@ -211,8 +217,13 @@ def standby(control_fd: int) -> None:
     os.dup2(log, 2)
     os.close(log)
     sys.argv = [sys.argv[0], *order["target"]]
-    import_env.watch(order["env"], lambda names: _start_cold(names, order))
+    import_env.watch(order["env"], lambda names: _start_cold(names, order),
+                     warm_imports.roots(warm_imports.imported), _training)  # fmt: skip
     main()
+
+
+def _training() -> bool:
+    return progress.shared().current.phase in (Phase.TRAINING, Phase.FINISHED)
 
 
 def _start_cold(names: list[str], order: dict[str, Any]) -> None:

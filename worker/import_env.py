@@ -35,6 +35,7 @@ PER_JOB = frozenset(
 # What a script may set before its import that the import itself reads. PATH, LD_* and PYTHON*
 # are read when the interpreter starts, cold or warm: a script setting them changes neither.
 SCRIPT_PREFIXES = ("TF_", "CUDA", "XLA", "OMP_", "MKL", "KMP_", "NCCL")
+INTERPRETER_PREFIXES = ("PATH", "LD_", "PYTHON")
 # Read later (devices, the first op, a strategy): they take effect in a warm trainer too.
 READ_LATER = frozenset({"TF_CONFIG", "TF_FORCE_GPU_ALLOW_GROWTH", "TF_GPU_ALLOCATOR",
                         "TF_DETERMINISTIC_OPS", "TF_CUDNN_DETERMINISTIC",
@@ -50,17 +51,38 @@ def import_relevant(name: str) -> bool:
     return name.startswith(IMPORT_PREFIXES) and name not in PER_JOB
 
 
-def changed(before: Mapping[str, str], now: Mapping[str, str]) -> list[str]:
-    """The variables a script may set that TensorFlow's import reads, and that differ."""
-    names = {k for k in (*before, *now) if k.startswith(SCRIPT_PREFIXES) and k not in READ_LATER}
+def changed(before: Mapping[str, str], now: Mapping[str, str], every: bool = False) -> list[str]:
+    """The variables a script may set that TensorFlow's import reads, and that differ. `every`:
+    any variable a library's import may read (modules besides TensorFlow were imported ahead,
+    worker.warm_imports), all but those read when the interpreter starts or later."""
+    if every:
+        names = {
+            k
+            for k in (*before, *now)
+            if not k.startswith(INTERPRETER_PREFIXES) and k not in READ_LATER | PER_JOB
+        }
+    else:
+        names = {k for k in (*before, *now)
+                 if k.startswith(SCRIPT_PREFIXES) and k not in READ_LATER}  # fmt: skip
     return sorted(k for k in names if before.get(k) != now.get(k))
 
 
-def watch(activation_env: Mapping[str, str], start_cold: Callable[[list[str]], None]) -> None:
+def watch(
+    activation_env: Mapping[str, str],
+    start_cold: Callable[[list[str]], None],
+    ahead: frozenset[str] = frozenset(),
+    training: Callable[[], bool] = lambda: False,
+) -> None:
     """Until the script first imports TensorFlow or Keras (itself, or through any module of
     its own or ours that it calls, such as worker.runtime): then compare, and call start_cold
-    with what changed. Imports by TensorFlow itself or by our instrumentation pass."""
+    with what changed. Imports by TensorFlow itself or by our instrumentation pass.
+
+    `ahead`: the top-level names of the library modules the standby imported besides
+    (worker.warm_imports). Then every variable counts (a library reads what it likes), and
+    each of the script's imports of these or of TensorFlow is looked at until its training
+    begins (`training`), not only the first."""
     real = builtins.__import__
+    watched = WATCHED | ahead
     looked = False
 
     def checking(name: str, globals: Any = None, *args: Any, **kwargs: Any) -> Any:
@@ -68,14 +90,15 @@ def watch(activation_env: Mapping[str, str], start_cold: Callable[[list[str]], N
         importer = str((globals or {}).get("__name__", ""))
         if (
             not looked
-            and name.partition(".")[0] in WATCHED
-            and importer.partition(".")[0] not in WATCHED
+            and name.partition(".")[0] in watched
+            and importer.partition(".")[0] not in watched
             and importer not in OURS
         ):
-            looked = True
-            if builtins.__import__ is checking:  # one look: steady training pays nothing
-                builtins.__import__ = real
-            differs = changed(activation_env, os.environ)
+            differs = changed(activation_env, os.environ, every=bool(ahead))
+            if not ahead or differs or training():
+                looked = True
+                if builtins.__import__ is checking:  # steady training pays nothing
+                    builtins.__import__ = real
             if differs:
                 start_cold(differs)
         return real(name, globals, *args, **kwargs)

@@ -202,6 +202,7 @@ class Instrumentation:
             if callbacks is not None:
                 bound.arguments["callbacks"] = callbacks
             instrumentation._fit_seen.set()
+            instrumentation.writer.training_begins()
             return fit(*bound.args, **bound.kwargs)
 
         setattr(wrapped_fit, _MARK, True)

@@ -7,6 +7,7 @@ Standard library only: the bootstrap imports this before the user's script runs.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -30,12 +31,17 @@ class ProgressWriter:
         self._last_write = float("-inf")
         # Read at each write: the wait clock's totals (worker.wait_clock), once it is there.
         self.counters: Callable[[], dict[str, float]] | None = None
+        # Run once, before TRAINING is first written (worker.warm_imports' record: the agent
+        # prepares the next standby when it reads TRAINING).
+        self.before_training: Callable[[], None] | None = None
 
     @property
     def current(self) -> Progress:
         return self._progress
 
     def update(self, force: bool = False, **changes: Any) -> None:
+        if self.before_training is not None and changes.get("phase") == Phase.TRAINING:
+            self.training_begins()
         with self._lock:
             self._progress = replace(self._progress, **changes)
             now = time.monotonic()
@@ -52,6 +58,14 @@ class ProgressWriter:
             except OSError:
                 return  # a full or vanished disk must not end training; the next write retries
             self._last_write = now
+
+    def training_begins(self) -> None:
+        """Run before_training, once: at the first TRAINING, or as Keras fit starts (a script
+        that imports its own copy of worker.runtime reports through that copy's writer)."""
+        hook, self.before_training = self.before_training, None
+        if hook is not None:
+            with contextlib.suppress(Exception):  # ours: training goes on without it
+                hook()
 
     def due(self) -> bool:
         """Whether an unforced update would be written now."""

@@ -47,7 +47,7 @@ from typing import Any
 if __package__ in (None, ""):  # run as a file (python .../worker/standby.py): import as a package
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from worker import keepers
+from worker import keepers, warm_imports
 from worker.keepers import kept_socket_path, socket_path
 from worker.standby_child import Child, rss_bytes
 
@@ -185,8 +185,9 @@ class Keeper:
             self.standby = None
         self.log = str(request.get("log", self.log))  # the task's (of the job it serves now)
         if self.standby is None:
+            imports = warm_imports.valid(request.get("imports") or [])
             self.standby = Child(request["python"], request["env"], request["fingerprint"],
-                                 self.log)  # fmt: skip
+                                 self.log, imports)  # fmt: skip
         return {"ok": True}
 
     def _replace_dead_standby(self) -> None:

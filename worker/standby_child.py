@@ -11,6 +11,7 @@ import socket
 import subprocess
 
 from worker.children import BOOTSTRAP, die_with_parent
+from worker.warm_imports import ENV_WARM_IMPORTS
 
 ENV_STANDBY = "ORCHESTRATE_STANDBY"  # in a standby's own environment: a warm trainer has it
 
@@ -26,9 +27,13 @@ def rss_bytes(pid: int) -> int:
 class Child:
     """A standby interpreter (until activated: then the trainer), our child in its own session."""
 
-    def __init__(self, python: str, env: dict[str, str], fingerprint: str, log: str) -> None:
+    def __init__(
+        self, python: str, env: dict[str, str], fingerprint: str, log: str, imports: list[str]
+    ) -> None:
         self.fingerprint = fingerprint
         ours, theirs = socket.socketpair()
+        if imports:  # worker.warm_imports: what the standby imports besides TensorFlow
+            env = {**env, ENV_WARM_IMPORTS: ",".join(imports)}
         with open(log, "ab") as out:
             self.proc = subprocess.Popen(
                 [python, BOOTSTRAP, "--standby", str(theirs.fileno())],

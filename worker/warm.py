@@ -21,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from worker import warm_imports
 from worker.import_env import PER_JOB, import_relevant, undone_reason
 from worker.keepers import kept_socket_path, memory_available, parent_of, socket_path
 from worker.spec import ENV_JOB_ID, WorkerSpec
@@ -298,8 +299,9 @@ def prepare_standby(
             note(f"no warm standby: {problem}")
             return None
     python = spec.argv[0]
+    ahead = warm_imports.read(task_dir) if spec.warm_imports else []
     keeper.request({"op": "prepare", "fingerprint": fingerprint(env, python, spec.env),
-                    "env": standby_env(env), "python": python,
+                    "env": standby_env(env), "python": python, "imports": ahead,
                     "log": f"{task_dir}/standby.log"})  # fmt: skip
     return keeper
 

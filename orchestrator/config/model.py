@@ -307,6 +307,9 @@ class RestartSection(_Model):
     # restart runs the entrypoint in it (no interpreter start, no import). On Slurm the keepers
     # run in a step of their own beside the attempts'. Not with entrypoint.instrument = false.
     warm_restart: bool = True
+    # A standby also imports, ahead, the library modules (site-packages, the standard library)
+    # the task's last trainer imported, unless its script changed the environment first.
+    warm_imports: bool = True
     # Warm relaunches: when the job ends, each task's ready standby is kept this long for this
     # user's next job with the same Python and environment (the edit-run loop); 0: never kept.
     # Not on Slurm: the allocation ends with the job.

@@ -98,3 +98,28 @@ def test_a_trainer_started_over_cold_is_still_the_keepers_standby_to_the_agent(
     assert len(execs) == 1 and execs[0][ENV_STANDBY] == "1", execs
     assert execs[0][import_env.ENV_UNDONE] == "TF_ENABLE_ONEDNN_OPTS"
     assert (tmp_path / import_env.UNDONE_FILE).read_text() == "TF_ENABLE_ONEDNN_OPTS\n"
+
+
+def test_with_libraries_imported_ahead_every_variable_counts_until_training_begins(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """worker.warm_imports: the standby imported `json` (say, scikit-learn) besides TensorFlow.
+    A library reads what it likes, so any variable the script set counts; and each of the
+    script's imports of such a module is looked at, until its training begins."""
+    monkeypatch.setattr(builtins, "__import__", builtins.__import__)  # restored afterwards
+    calls: list[list[str]] = []
+    training = [False]
+    import_env.watch(dict(os.environ), calls.append, frozenset({"json"}), lambda: training[0])
+    _import_from("__main__", monkeypatch)  # nothing set: watching on
+    assert calls == [] and builtins.__import__.__name__ == "checking"
+    _import_from("__main__", monkeypatch, MY_LIBRARY_FLAG="1", PYTHONHASHSEED="0", TF_CONFIG="x")
+    assert calls == [["MY_LIBRARY_FLAG"]]  # read later or at the interpreter's start: not
+    assert builtins.__import__.__name__ == "__import__"  # one difference is enough
+
+    monkeypatch.setattr(builtins, "__import__", builtins.__import__)
+    calls.clear()
+    import_env.watch(dict(os.environ), calls.append, frozenset({"json"}), lambda: training[0])
+    training[0] = True
+    _import_from("__main__", monkeypatch)
+    assert builtins.__import__.__name__ == "__import__"  # training: no more looks
+    assert calls == []

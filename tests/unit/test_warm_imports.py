@@ -1,0 +1,113 @@
+"""worker.warm_imports: which modules a trainer records for its task's next standby, what the
+agent accepts from that file (a trainer wrote it), and the standby's imports ahead. Stand-in
+modules in a temporary "library directory": the real ones take seconds to import."""
+
+from __future__ import annotations
+
+import builtins
+import json
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from worker import warm_imports
+from worker.warm_imports import MAX_JOINED, MAX_NAMES, WARM_IMPORTS_FILE, Recorder
+
+
+def test_only_dotted_names_not_ours_each_once_and_bounded() -> None:
+    given = ["sklearn.datasets", "sklearn.datasets", "os; rm -rf /", "../x", "a..b", 3, None,
+             "tensorflow.python", "worker.agent", "__main__", "pandas", ""]  # fmt: skip
+    assert warm_imports.valid(given) == ["sklearn.datasets", "pandas"]
+    assert len(warm_imports.valid(f"m{i}" for i in range(MAX_NAMES + 10))) == MAX_NAMES
+    long = [f"package_{i:05d}.module_with_a_long_name" for i in range(3000)]
+    assert len(",".join(warm_imports.valid(long))) <= MAX_JOINED
+
+
+@pytest.mark.parametrize(
+    "content",
+    [b"", b"\xff\xfe garbage", b"[1, 2]", b'{"modules": "sklearn"}', b'{"modules": [' + b'"a",' * 70000 + b'"b"]}'],
+    ids=["empty", "garbage", "not-an-object", "not-a-list", "too-big"],
+)  # fmt: skip
+def test_a_file_the_agent_cannot_trust_gives_nothing(tmp_path: Path, content: bytes) -> None:
+    (tmp_path / WARM_IMPORTS_FILE).write_bytes(content)
+    assert warm_imports.read(str(tmp_path)) == []
+
+
+def test_the_file_is_read_checked(tmp_path: Path) -> None:
+    assert warm_imports.read(str(tmp_path)) == []  # none yet
+    data = {"modules": ["numpy", "evil name", "scipy.sparse"]}
+    (tmp_path / WARM_IMPORTS_FILE).write_text(json.dumps(data))
+    assert warm_imports.read(str(tmp_path)) == ["numpy", "scipy.sparse"]
+
+
+@pytest.fixture
+def library(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A library directory on sys.path with three stand-in modules, and the script's helper
+    module outside it (the script's own code)."""
+    lib, own = tmp_path / "site-packages", tmp_path / "script"
+    lib.mkdir()
+    own.mkdir()
+    (lib / "fake_plain.py").write_text("VALUE = 1\n")
+    (lib / "fake_sets_env.py").write_text("import os\nos.environ['FAKE_LIB_SET'] = '1'\n")
+    (lib / "fake_broken.py").write_text("raise RuntimeError('cannot import here')\n")
+    (own / "fake_script.py").write_text("")
+    monkeypatch.syspath_prepend(str(lib))
+    monkeypatch.syspath_prepend(str(own))
+    monkeypatch.setattr(warm_imports, "library_dirs", lambda: (os.path.join(str(lib), ""),))
+    monkeypatch.setattr(builtins, "__import__", builtins.__import__)  # restored afterwards
+    monkeypatch.delenv("FAKE_LIB_SET", raising=False)
+    monkeypatch.delenv("FAKE_SCRIPT_SET", raising=False)
+    monkeypatch.setattr(warm_imports, "imported", [])
+    import fake_script  # type: ignore[import-not-found]  # noqa: F401
+
+    yield tmp_path
+    for name in ("fake_plain", "fake_sets_env", "fake_broken", "fake_script"):
+        sys.modules.pop(name, None)
+
+
+def _script_imports(name: str) -> None:
+    exec(f"import {name}", {"__name__": "fake_script"})
+
+
+def _recorded(tmp_path: Path) -> list[str]:
+    return json.loads((tmp_path / WARM_IMPORTS_FILE).read_text())["modules"]
+
+
+def test_the_script_s_library_imports_are_recorded_even_when_a_library_sets_variables(
+    library: Path,
+) -> None:
+    """A library may set variables as it is imported (TensorFlow does): it will again in a
+    standby. Modules of the script's own are never recorded."""
+    recorder = Recorder(str(library), frozenset())
+    _script_imports("fake_sets_env")
+    _script_imports("fake_plain")
+    recorder.record()
+    assert _recorded(library) == ["fake_sets_env", "fake_plain"]
+    assert builtins.__import__.__name__ == "__import__"  # recorded: no more watching
+
+
+def test_nothing_is_recorded_when_the_script_set_a_variable_before_an_import(
+    library: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    recorder = Recorder(str(library), frozenset({"TF_CONFIG"}))
+    _script_imports("fake_plain")
+    monkeypatch.setenv("TF_CONFIG", "{}")  # read later: no matter
+    _script_imports("os")
+    monkeypatch.setenv("FAKE_SCRIPT_SET", "1")
+    _script_imports("fake_sets_env")
+    recorder.record()
+    assert _recorded(library) == []
+
+
+def test_a_standby_imports_ahead_what_it_can_and_records_it_for_its_trainer(
+    library: Path,
+) -> None:
+    warm_imports.import_ahead(["fake_broken", "fake_plain", "fake_script", "tensorflow"])
+    assert "fake_plain" in sys.modules and "fake_broken" not in sys.modules
+    assert warm_imports.imported == ["fake_plain"]
+    recorder = Recorder(str(library), frozenset())  # the trainer this standby becomes
+    recorder.record()
+    assert _recorded(library) == ["fake_plain"]
