@@ -75,9 +75,9 @@ def rows() -> tuple[Row, Row, Row]:
         "trainer SIGKILL -> training resumed, warm standby",
         "s",
         kind="ratio",
-        target_ratio=0.5,
+        target_ratio=0.4,
         baseline_label="a cold start: workers started by hand, to their first step",
-        target="<= 0.5x a cold start",
+        target="<= 0.4x a cold start",
     )
     p14b = Row(
         "P14b",

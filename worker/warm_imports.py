@@ -18,6 +18,7 @@ from __future__ import annotations
 import builtins
 import contextlib
 import importlib
+import importlib.util
 import json
 import os
 import re
@@ -162,11 +163,24 @@ def import_ahead(names: Sequence[str]) -> None:
     script, if it imports it, meets the failure itself). `imported` then holds every module
     this brought in, for the record of the trainer this standby becomes."""
     before = set(sys.modules)
+    dirs = library_dirs()
     for name in valid(names):
-        if name not in sys.modules:
+        if name not in sys.modules and _in_library(name.partition(".")[0], dirs):
             with contextlib.suppress(Exception, SystemExit):
                 importlib.import_module(name)
     imported[:] = valid(n for n in list(sys.modules) if n not in before)
+
+
+def _in_library(root: str, dirs: tuple[str, ...]) -> bool:
+    """The top-level package is loaded already, or found in the library directories: a name
+    that resolves elsewhere here (a directory on PYTHONPATH) is not imported ahead."""
+    if root in sys.modules:
+        return True
+    with contextlib.suppress(Exception):
+        spec = importlib.util.find_spec(root)
+        origin = spec.origin if spec is not None else None
+        return isinstance(origin, str) and os.path.abspath(origin).startswith(dirs)
+    return False
 
 
 def roots(names: Iterable[str]) -> frozenset[str]:

@@ -54,6 +54,7 @@ def library(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     (lib / "fake_sets_env.py").write_text("import os\nos.environ['FAKE_LIB_SET'] = '1'\n")
     (lib / "fake_broken.py").write_text("raise RuntimeError('cannot import here')\n")
     (own / "fake_script.py").write_text("")
+    (own / "fake_elsewhere.py").write_text("VALUE = 1\n")  # on the path, not in a library
     monkeypatch.syspath_prepend(str(lib))
     monkeypatch.syspath_prepend(str(own))
     monkeypatch.setattr(warm_imports, "library_dirs", lambda: (os.path.join(str(lib), ""),))
@@ -64,7 +65,7 @@ def library(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     import fake_script  # type: ignore[import-not-found]  # noqa: F401
 
     yield tmp_path
-    for name in ("fake_plain", "fake_sets_env", "fake_broken", "fake_script"):
+    for name in ("fake_plain", "fake_sets_env", "fake_broken", "fake_script", "fake_elsewhere"):
         sys.modules.pop(name, None)
 
 
@@ -105,8 +106,11 @@ def test_nothing_is_recorded_when_the_script_set_a_variable_before_an_import(
 def test_a_standby_imports_ahead_what_it_can_and_records_it_for_its_trainer(
     library: Path,
 ) -> None:
-    warm_imports.import_ahead(["fake_broken", "fake_plain", "fake_script", "tensorflow"])
+    warm_imports.import_ahead(
+        ["fake_broken", "fake_plain", "fake_script", "tensorflow", "fake_elsewhere"]
+    )
     assert "fake_plain" in sys.modules and "fake_broken" not in sys.modules
+    assert "fake_elsewhere" not in sys.modules  # found outside the library directories
     assert warm_imports.imported == ["fake_plain"]
     recorder = Recorder(str(library), frozenset())  # the trainer this standby becomes
     recorder.record()
