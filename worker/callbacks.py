@@ -15,10 +15,9 @@ import os
 import signal
 import sys
 import threading
-import time
 from typing import Any
 
-from worker.progress import ProgressWriter
+from worker.progress import ProgressWriter, StepRate, read_counter
 from worker.spec import ENV_PREEMPTION_EXIT_CODE, Phase, StepSignal
 
 DEFAULT_PREEMPTION_EXIT_CODE = 42  # restart.preemption_exit_code's default
@@ -83,16 +82,14 @@ class _ProgressMixin:
         self._steps = 0  # steps of this fit, as last read
         self._epoch_base = 0  # self._steps when this epoch began
         self._loss: float | None = None
-        self._window_start = time.monotonic()
-        self._window_steps = 0
-        self._steps_per_sec: float | None = None
+        self._rate = StepRate()
         self._stop = threading.Event()
         self._sampler: threading.Thread | None = None
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         params = getattr(self, "params", None) or {}
         self._counter = _step_counter(getattr(self, "model", None))
-        self._base = _read(self._counter) or 0
+        self._base = read_counter(self._counter) or 0
         self.writer.update(
             force=True,
             phase=Phase.TRAINING,
@@ -138,7 +135,7 @@ class _ProgressMixin:
             last = steps
             if first:  # the first step includes tracing: the pace is measured after it
                 with self._lock:
-                    self._window_start, self._window_steps = time.monotonic(), 0
+                    self._rate.restart()
                 interval = max(FIRST_STEP_POLL, self.writer.min_interval)
             loss = _local_running_loss(self.model)
             if loss is not None:
@@ -153,10 +150,10 @@ class _ProgressMixin:
 
     def _read_steps(self) -> int:
         """Steps this fit has taken (read from its counter); the last count if unreadable."""
-        value = _read(self._counter)
+        value = read_counter(self._counter)
         with self._lock:
             if value is not None and value - self._base > self._steps:
-                self._window_steps += value - self._base - self._steps
+                self._rate.add(value - self._base - self._steps)
                 self._steps = value - self._base
             return self._steps
 
@@ -171,17 +168,12 @@ class _ProgressMixin:
 
     def _flush(self, force: bool, **extra: Any) -> None:
         with self._lock:
-            now = time.monotonic()
-            elapsed = now - self._window_start
-            if elapsed >= 1.0 and self._window_steps:
-                self._steps_per_sec = self._window_steps / elapsed
-                self._window_start, self._window_steps = now, 0
             self.writer.update(
                 force=force,
                 step=self._global_step(),
                 epoch_step=self._steps - self._epoch_base,
                 loss=self._loss,
-                steps_per_sec=self._steps_per_sec,
+                steps_per_sec=self._rate.current(),
                 **extra,
             )
 
@@ -193,16 +185,6 @@ def _step_counter(model: Any) -> Any:
     if counter is None:
         counter = getattr(getattr(model, "optimizer", None), "iterations", None)
     return counter
-
-
-def _read(variable: Any) -> int | None:
-    """A counter variable's value here (a mirrored one's own copy: no collective)."""
-    if variable is None:
-        return None
-    try:
-        return int(variable.numpy())
-    except Exception:  # not built yet, or being torn down
-        return None
 
 
 def _local_running_loss(model: Any) -> float | None:

@@ -26,7 +26,6 @@ import inspect
 import os
 import sys
 import threading
-import time
 import weakref
 from collections.abc import Callable, Sequence
 from types import ModuleType
@@ -39,7 +38,7 @@ from worker.callbacks import (
     preemption_callback_class,
     progress_callback_class,
 )
-from worker.progress import ProgressWriter
+from worker.progress import ProgressWriter, StepRate, read_counter
 from worker.spec import ENV_TIME_WAITS, Phase, StepSignal
 
 OPTIMIZER_POLL_SECONDS = 0.5
@@ -256,13 +255,9 @@ class Instrumentation:
             atexit.register(self._final_read)
 
     def _iterations(self) -> int | None:
-        values = []
-        for optimizer in list(self._optimizers):
-            try:
-                values.append(int(optimizer.iterations.numpy()))
-            except Exception:  # not built yet, or being torn down
-                continue
-        return max(values) if values else None
+        values = [read_counter(getattr(o, "iterations", None)) for o in list(self._optimizers)]
+        known = [v for v in values if v is not None]
+        return max(known) if known else None
 
     def _poll_optimizers(self) -> None:
         """Until Keras fit takes over: the optimizers' iterations, which a restored checkpoint
@@ -270,8 +265,7 @@ class Instrumentation:
         once they advanced from what was first seen (a restored count is not a step taken)."""
         baseline: int | None = None
         last = None
-        window_start, window_steps = time.monotonic(), 0
-        rate: float | None = None
+        rate = StepRate()
         while not self._stop.wait(OPTIMIZER_POLL_SECONDS):
             if self._fit_seen.is_set():
                 return
@@ -283,16 +277,12 @@ class Instrumentation:
                 continue
             if value == last:
                 continue
-            now = time.monotonic()
-            window_steps += value - (last or 0)
+            rate.add(value - (last or 0))
             last = value
-            if now - window_start >= 1.0:
-                rate = window_steps / (now - window_start)
-                window_start, window_steps = now, 0
             self.writer.update(
                 force=True,
                 phase=Phase.TRAINING,
                 step_signal=StepSignal.OPTIMIZER,
                 step=value,
-                steps_per_sec=rate,
+                steps_per_sec=rate.current(),
             )

@@ -18,6 +18,8 @@ from typing import Any
 
 from worker.spec import ENV_PROGRESS_FILE, Phase, Progress, write_json_atomic
 
+RATE_WINDOW = 1.0  # seconds: steps/s is measured over at least this long
+
 
 class ProgressWriter:
     """Holds this task's latest Progress and writes it atomically: at once when forced (a phase
@@ -73,6 +75,39 @@ class ProgressWriter:
 
     def phase(self, phase: Phase) -> None:
         self.update(force=True, phase=phase)
+
+
+def read_counter(variable: Any) -> int | None:
+    """A step counter's value here (fit's train counter, an optimizer's iterations; a mirrored
+    one's own copy: no collective); None while it cannot be read (not built yet, torn down)."""
+    if variable is None:
+        return None
+    try:
+        return int(variable.numpy())
+    except Exception:
+        return None
+
+
+class StepRate:
+    """Steps per second, over windows of at least RATE_WINDOW seconds (monotonic clock)."""
+
+    def __init__(self) -> None:
+        self.restart()
+        self.rate: float | None = None
+
+    def restart(self) -> None:
+        """A new window: after the first step, whose time includes tracing, not the pace."""
+        self._start, self._steps = time.monotonic(), 0
+
+    def add(self, steps: int) -> None:
+        self._steps += steps
+
+    def current(self) -> float | None:
+        now = time.monotonic()
+        if now - self._start >= RATE_WINDOW and self._steps:
+            self.rate = self._steps / (now - self._start)
+            self._start, self._steps = now, 0
+        return self.rate
 
 
 _shared: ProgressWriter | None = None
