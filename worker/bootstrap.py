@@ -217,6 +217,11 @@ def standby(control_fd: int) -> None:
     os.dup2(log, 2)
     os.close(log)
     sys.argv = [sys.argv[0], *order["target"]]
+    changed = warm_imports.stale()
+    if changed:  # upgraded while the standby waited: the script runs what is installed now
+        print(f"orchestrate: {changed} changed since this warm standby imported it: starting "
+              "over cold", file=sys.stderr, flush=True)  # fmt: skip
+        _exec_cold(order, {})
     import_env.watch(order["env"], lambda names: _start_cold(names, order),
                      warm_imports.roots(warm_imports.imported), _training)  # fmt: skip
     main()
@@ -235,17 +240,25 @@ def _start_cold(names: list[str], order: dict[str, Any]) -> None:
         print(late + "after this warm trainer had; it goes on warm", file=sys.stderr, flush=True)
         return
     import_env.mark_undone(names)
+    if not _exec_cold(order, {import_env.ENV_UNDONE: ",".join(names)}):
+        with contextlib.suppress(OSError):  # the task's next attempts may be warm again
+            os.unlink(os.path.join(os.environ.get(ENV_TASK_DIR, ""), import_env.UNDONE_FILE))
+
+
+def _exec_cold(order: dict[str, Any], extra: dict[str, str]) -> bool:
+    """Become a fresh interpreter running the entrypoint (same pid, same log). Returns only
+    if that failed (False: it goes on warm, saying so)."""
     sys.stdout.flush()
     # Still the keeper's standby child to the agent, which may check it after this exec.
-    env = {**order["env"], ENV_STANDBY: "1", import_env.ENV_UNDONE: ",".join(names)}
+    env = {**order["env"], ENV_STANDBY: "1", **extra}
     argv = [sys.executable, os.path.abspath(__file__), *order["target"]]
     try:
         os.execve(sys.executable, argv, env)
     except OSError as exc:
-        with contextlib.suppress(OSError):  # the task's next attempts may be warm again
-            os.unlink(os.path.join(os.environ.get(ENV_TASK_DIR, ""), import_env.UNDONE_FILE))
         print(f"orchestrate: could not start over cold ({exc}): it goes on warm",
               file=sys.stderr, flush=True)  # fmt: skip
+        return False
+    return True  # only where execve is a stand-in
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ these modules. Standard library only."""
 
 from __future__ import annotations
 
-import builtins
 import contextlib
 import importlib
 import importlib.util
@@ -37,18 +36,28 @@ MAX_JOINED = 96 << 10  # the standby's variable: Linux takes at most 128 KiB in 
 # Imported by every standby anyway (TensorFlow: thousands of names), or never to be imported
 # ahead (ours; a script's main module under any name).
 SKIP_ROOTS = frozenset({"tensorflow", "worker", "__main__", "__mp_main__"})
+# Where os.environ's writes pass through (setdefault, update) on their way from the writer.
+_ENV_PLUMBING = frozenset({"os", "_collections_abc"})
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*\Z")
 
-# The names this process imported as a standby (bootstrap.standby), for its own record.
+# The names this process imported as a standby (bootstrap.standby), for its own record, and
+# their files as they were then (path -> (mtime_ns, size)): `stale` compares at activation.
 imported: list[str] = []
+_files: dict[str, tuple[int, int]] = {}
 
 
 def library_dirs() -> tuple[str, ...]:
+    """The interpreter's standard library and site-packages, and any other `site-packages` or
+    `dist-packages` on its path (a `.pth` may add one). Never a project's own directory (an
+    editable install, PYTHONPATH): the user's code is not imported ahead."""
     import sysconfig  # only here: the bootstrap imports this module before every script
 
     paths = sysconfig.get_paths()
     dirs = {paths[k] for k in ("purelib", "platlib", "stdlib", "platstdlib") if paths.get(k)}
-    return tuple(os.path.join(os.path.abspath(d), "") for d in sorted(dirs))
+    site = ("site-packages", "dist-packages")
+    dirs.update(p for p in sys.path
+                if os.path.isabs(p) and os.path.basename(os.path.normpath(p)) in site)  # fmt: skip
+    return tuple(sorted(os.path.join(os.path.abspath(d), "") for d in dirs))
 
 
 def _origin(module: object) -> str | None:
@@ -86,62 +95,73 @@ def valid(names: Iterable[object]) -> list[str]:
 
 class Recorder:
     """Made before the script runs; `record` once as training begins. Until then it watches
-    the script's imports: the environment must be as the last import left it (a library may
-    set variables as it is imported, TensorFlow does, and will again in a standby); a
-    variable the script set itself in between means nothing is recorded."""
+    who sets environment variables: a library may, as it is imported (TensorFlow does), and
+    will again in a standby; the script's own code setting one means nothing is recorded."""
 
     def __init__(self, task_dir: str, ignored: frozenset[str]) -> None:
         self.path = os.path.join(task_dir, WARM_IMPORTS_FILE)
         self.before = set(sys.modules)
         self.ignored = ignored  # read later, or per attempt
-        self.env = dict(os.environ)
         self.script_set_variables = False
+        self.why = ""  # the first variable the script set: said in the file
         self.done = False
         self.dirs = library_dirs()
         self.ours = os.path.join(os.path.dirname(os.path.abspath(__file__)), "")
         self._by_library: dict[str, bool] = {}
-        self._real = builtins.__import__
-        builtins.__import__ = self._import
+        environ = type(os.environ)
+        self._set, self._del = environ.__setitem__, environ.__delitem__
+        recorder = self
 
-    def _import(self, name: str, globals: Any = None, *args: Any, **kwargs: Any) -> Any:
+        def __setitem__(env: Any, key: str, value: str) -> None:
+            if key not in recorder.ignored and env.get(key) != value:
+                recorder._written(key)
+            recorder._set(env, key, value)
+
+        def __delitem__(env: Any, key: str) -> None:
+            if key not in recorder.ignored:
+                recorder._written(key)
+            recorder._del(env, key)
+
+        environ.__setitem__ = __setitem__  # type: ignore[method-assign]
+        environ.__delitem__ = __delitem__  # type: ignore[method-assign]
+
+    def _written(self, key: str) -> None:
+        """A variable changes: the script's doing, unless a library's or ours (the first frame
+        past os.environ's own plumbing tells)."""
         if self.done or self.script_set_variables:
-            return self._real(name, globals, *args, **kwargs)
-        importer = str((globals or {}).get("__name__", ""))
-        if self._library(importer):
-            return self._real(name, globals, *args, **kwargs)
-        now, then = dict(os.environ), self.env
-        if any(now.get(k) != then.get(k) for k in (now.keys() | then.keys()) - self.ignored):
+            return
+        frame = sys._getframe(2)
+        while frame is not None and frame.f_globals.get("__name__") in _ENV_PLUMBING:
+            frame = frame.f_back  # type: ignore[assignment]
+        writer = frame.f_globals.get("__name__", "") if frame is not None else ""
+        if not self._library(str(writer)):
             self.script_set_variables = True
-            return self._real(name, globals, *args, **kwargs)
-        try:
-            return self._real(name, globals, *args, **kwargs)
-        finally:
-            self.env = dict(os.environ)
+            self.why = f"{writer} sets {key}"
 
-    def _library(self, importer: str) -> bool:
+    def _library(self, name: str) -> bool:
         """Not the script's code: a module without a file of its own (frozen, built in), one
-        whose file lies in the library directories, or ours (the instrumentation imports
-        inside TensorFlow's import, after TensorFlow set its variables)."""
-        known = self._by_library.get(importer)
+        whose file lies in the library directories, or ours."""
+        known = self._by_library.get(name)
         if known is None:
-            origin = _origin(sys.modules.get(importer))
+            origin = _origin(sys.modules.get(name))
             known = origin is None or origin.startswith((*self.dirs, self.ours))
-            self._by_library[importer] = known
+            self._by_library[name] = known
         return known
 
     def record(self) -> None:
         if self.done:
             return
         self.done = True
-        if builtins.__import__ == self._import:  # else another hook wraps ours: it passes
-            builtins.__import__ = self._real
+        environ = type(os.environ)
+        environ.__setitem__ = self._set  # type: ignore[method-assign]
+        environ.__delitem__ = self._del  # type: ignore[method-assign]
         names: list[str] = []
         if not self.script_set_variables:
             new = [n for n, m in list(sys.modules.items())
                    if n not in self.before and _from_library(m, self.dirs)]  # fmt: skip
             names = valid([*imported, *new])
         with contextlib.suppress(OSError):  # only a restart's speed depends on it
-            write_json_atomic(self.path, {"modules": names})
+            write_json_atomic(self.path, {"modules": names, "not_recorded": self.why})
 
 
 def read(task_dir: str) -> list[str]:
@@ -169,6 +189,25 @@ def import_ahead(names: Sequence[str]) -> None:
             with contextlib.suppress(Exception, SystemExit):
                 importlib.import_module(name)
     imported[:] = valid(n for n in list(sys.modules) if n not in before)
+    for name in imported:
+        origin = _origin(sys.modules.get(name))
+        if origin is not None:
+            with contextlib.suppress(OSError):
+                stat = os.stat(origin)
+                _files[origin] = (stat.st_mtime_ns, stat.st_size)
+
+
+def stale() -> str:
+    """A file of a module imported ahead that changed since (a package upgraded while the
+    standby waited): its path, or ''. The script must not run the old code."""
+    for path, (mtime, size) in _files.items():
+        try:
+            stat = os.stat(path)
+        except OSError:
+            return path
+        if (stat.st_mtime_ns, stat.st_size) != (mtime, size):
+            return path
+    return ""
 
 
 def _in_library(root: str, dirs: tuple[str, ...]) -> bool:

@@ -4,7 +4,6 @@ modules in a temporary "library directory": the real ones take seconds to import
 
 from __future__ import annotations
 
-import builtins
 import json
 import os
 import sys
@@ -50,7 +49,9 @@ def library(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     lib, own = tmp_path / "site-packages", tmp_path / "script"
     lib.mkdir()
     own.mkdir()
-    (lib / "fake_plain.py").write_text("VALUE = 1\n")
+    (lib / "fake_plain.py").write_text(
+        "import os\n\ndef configure():\n    os.environ['FAKE_LIB_SET'] = '2'\n"
+    )
     (lib / "fake_sets_env.py").write_text("import os\nos.environ['FAKE_LIB_SET'] = '1'\n")
     (lib / "fake_broken.py").write_text("raise RuntimeError('cannot import here')\n")
     (own / "fake_script.py").write_text("")
@@ -58,10 +59,13 @@ def library(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     monkeypatch.syspath_prepend(str(lib))
     monkeypatch.syspath_prepend(str(own))
     monkeypatch.setattr(warm_imports, "library_dirs", lambda: (os.path.join(str(lib), ""),))
-    monkeypatch.setattr(builtins, "__import__", builtins.__import__)  # restored afterwards
+    environ = type(os.environ)
+    monkeypatch.setattr(environ, "__setitem__", environ.__setitem__)  # restored afterwards
+    monkeypatch.setattr(environ, "__delitem__", environ.__delitem__)
     monkeypatch.delenv("FAKE_LIB_SET", raising=False)
     monkeypatch.delenv("FAKE_SCRIPT_SET", raising=False)
     monkeypatch.setattr(warm_imports, "imported", [])
+    monkeypatch.setattr(warm_imports, "_files", {})
     import fake_script  # type: ignore[import-not-found]  # noqa: F401
 
     yield tmp_path
@@ -73,6 +77,10 @@ def _script_imports(name: str) -> None:
     exec(f"import {name}", {"__name__": "fake_script"})
 
 
+def _script_runs(code: str) -> None:
+    exec(code, {"__name__": "fake_script"})
+
+
 def _recorded(tmp_path: Path) -> list[str]:
     return json.loads((tmp_path / WARM_IMPORTS_FILE).read_text())["modules"]
 
@@ -80,24 +88,33 @@ def _recorded(tmp_path: Path) -> list[str]:
 def test_the_script_s_library_imports_are_recorded_even_when_a_library_sets_variables(
     library: Path,
 ) -> None:
-    """A library may set variables as it is imported (TensorFlow does): it will again in a
-    standby. Modules of the script's own are never recorded."""
-    recorder = Recorder(str(library), frozenset())
-    _script_imports("fake_sets_env")
-    _script_imports("fake_plain")
-    recorder.record()
-    assert _recorded(library) == ["fake_sets_env", "fake_plain"]
-    assert builtins.__import__.__name__ == "__import__"  # recorded: no more watching
-
-
-def test_nothing_is_recorded_when_the_script_set_a_variable_before_an_import(
-    library: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+    """A library may set variables as it is imported (TensorFlow does), or when the script
+    calls it (Keras, loaded lazily): it will again in a standby. Modules of the script's own
+    are never recorded."""
+    setitem = type(os.environ).__setitem__
     recorder = Recorder(str(library), frozenset({"TF_CONFIG"}))
     _script_imports("fake_plain")
-    monkeypatch.setenv("TF_CONFIG", "{}")  # read later: no matter
-    _script_imports("os")
-    monkeypatch.setenv("FAKE_SCRIPT_SET", "1")
+    _script_runs("import fake_plain; fake_plain.configure()")
+    _script_runs("import os; os.environ['TF_CONFIG'] = '{}'")  # read later: no matter
+    _script_imports("fake_sets_env")
+    recorder.record()
+    assert _recorded(library) == ["fake_plain", "fake_sets_env"]
+    assert type(os.environ).__setitem__ is setitem  # recorded: no more watching
+
+
+@pytest.mark.parametrize(
+    "code",
+    ["os.environ['FAKE_SCRIPT_SET'] = '1'", "os.environ.setdefault('FAKE_SCRIPT_SET', '1')",
+     "os.environ.update(FAKE_SCRIPT_SET='1')", "del os.environ['HOME']"],
+    ids=["set", "setdefault", "update", "del"],
+)  # fmt: skip
+def test_nothing_is_recorded_when_the_script_set_a_variable_itself(
+    library: Path, monkeypatch: pytest.MonkeyPatch, code: str
+) -> None:
+    monkeypatch.setenv("HOME", os.environ.get("HOME", "/"))  # put back afterwards
+    recorder = Recorder(str(library), frozenset())
+    _script_imports("fake_plain")
+    _script_runs("import os; " + code)
     _script_imports("fake_sets_env")
     recorder.record()
     assert _recorded(library) == []
@@ -115,3 +132,12 @@ def test_a_standby_imports_ahead_what_it_can_and_records_it_for_its_trainer(
     recorder = Recorder(str(library), frozenset())  # the trainer this standby becomes
     recorder.record()
     assert _recorded(library) == ["fake_plain"]
+
+
+def test_a_module_upgraded_while_the_standby_waited_makes_it_stale(library: Path) -> None:
+    """The script must run what is installed now (the standby then starts over cold)."""
+    warm_imports.import_ahead(["fake_plain"])
+    assert warm_imports.stale() == ""
+    module = library / "site-packages" / "fake_plain.py"
+    module.write_text(module.read_text() + "VERSION = 2\n")
+    assert warm_imports.stale() == str(module)
