@@ -139,10 +139,11 @@ def main() -> None:
     stacks.install_in_trainer(os.environ.get(ENV_TASK_DIR), os.environ.get(ENV_ATTEMPT))
     writer = progress.shared()
     writer.phase(Phase.STARTING)
+    global _recorder
     task_dir = os.environ.get(ENV_TASK_DIR)
     if task_dir and os.environ.get(warm_imports.ENV_RECORD_IMPORTS) == "1":
-        recorder = warm_imports.Recorder(task_dir, import_env.READ_LATER | import_env.PER_JOB)
-        writer.before_training = recorder.record
+        _recorder = warm_imports.Recorder(task_dir, import_env.READ_LATER | import_env.PER_JOB)
+    writer.before_training = _training_begins
     instrumentation = Instrumentation(writer)
     instrumentation.finder().install()
     atexit.register(instrumentation.stop)
@@ -192,6 +193,7 @@ def standby(control_fd: int) -> None:
 
     control = socket.socket(fileno=control_fd)
     _scheduling(idle=True)
+    initial = dict(os.environ)
     import tensorflow  # noqa: F401
 
     if os.environ.get("TF_USE_LEGACY_KERAS") == "1":
@@ -199,6 +201,10 @@ def standby(control_fd: int) -> None:
             import tf_keras  # noqa: F401
     ahead = os.environ.pop(warm_imports.ENV_WARM_IMPORTS, "")
     warm_imports.import_ahead(ahead.split(",") if ahead else [])
+    # What the imports set themselves (TensorFlow sets TF2_BEHAVIOR...): a cold trainer has
+    # them after the same imports, so the activation's environment gets them too.
+    initial.pop(warm_imports.ENV_WARM_IMPORTS, None)
+    imports_set = {k: v for k, v in os.environ.items() if initial.get(k) != v}
     control.sendall(b"ready\n")
     data = b""
     while not data.endswith(b"\n"):
@@ -211,33 +217,57 @@ def standby(control_fd: int) -> None:
     _scheduling(idle=False)
     os.environ.clear()
     os.environ.update(order["env"])
+    os.environ.update({k: v for k, v in imports_set.items() if k not in order["env"]})
     os.chdir(order["cwd"])
     log = os.open(order["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     os.dup2(log, 1)
     os.dup2(log, 2)
     os.close(log)
     sys.argv = [sys.argv[0], *order["target"]]
-    changed = warm_imports.stale()
-    if changed:  # upgraded while the standby waited: the script runs what is installed now
-        print(f"orchestrate: {changed} changed since this warm standby imported it: starting "
+    target = order["target"]
+    script_dir = os.getcwd() if target[:1] == ["-m"] else _script_dir(target[0])
+    # Upgraded while the standby waited, or shadowed by a module of the script's own: the
+    # script must get what a cold start would import.
+    changed = warm_imports.stale() or warm_imports.shadowed(script_dir)
+    if changed:
+        print(f"orchestrate: {changed} is not what this warm standby imported ahead: starting "
               "over cold", file=sys.stderr, flush=True)  # fmt: skip
         _exec_cold(order, {})
-    import_env.watch(order["env"], lambda names: _start_cold(names, order),
-                     warm_imports.roots(warm_imports.imported), _training)  # fmt: skip
+    import_env.watch(dict(os.environ), lambda names, library: _start_cold(names, order, library),
+                     warm_imports.roots(warm_imports.imported), _script_set)  # fmt: skip
     main()
 
 
-def _training() -> bool:
-    return progress.shared().current.phase in (Phase.TRAINING, Phase.FINISHED)
+_recorder: warm_imports.Recorder | None = None
 
 
-def _start_cold(names: list[str], order: dict[str, Any]) -> None:
+def _script_set() -> list[str]:
+    return _recorder.script_set if _recorder is not None else []
+
+
+def _training_begins() -> None:
+    """Before TRAINING is first written: no start over cold past this; the record for the
+    task's next standby."""
+    import_env.stop_watching()
+    if _recorder is not None:
+        _recorder.record()
+
+
+def _start_cold(names: list[str], order: dict[str, Any], library: bool) -> None:
     """The script set an import-time variable itself (worker.import_env): become a fresh
-    interpreter running it cold, as the agent would have started it (same pid, same log)."""
+    interpreter running it cold, as the agent would have started it (same pid, same log).
+    `library`: before importing a library the standby imported ahead (not TensorFlow): the
+    cold run records no imports ahead, and the task's next attempts may start warm."""
+    what = "a library this warm trainer had imported ahead" if library else "TensorFlow"
     if progress.shared().current.phase not in (Phase.NONE, Phase.STARTING, Phase.IMPORTED):
         # Past the strategy's rendezvous a restart would cost the peers theirs: warn only.
-        late = f"orchestrate: the script set {', '.join(names)} before importing TensorFlow, "
+        late = f"orchestrate: the script set {', '.join(names)} before importing {what}, "
         print(late + "after this warm trainer had; it goes on warm", file=sys.stderr, flush=True)
+        return
+    if library:
+        print(f"orchestrate: the script sets {', '.join(names)} before importing {what}: "
+              "starting over cold", file=sys.stderr, flush=True)  # fmt: skip
+        _exec_cold(order, {})
         return
     import_env.mark_undone(names)
     if not _exec_cold(order, {import_env.ENV_UNDONE: ",".join(names)}):

@@ -35,7 +35,6 @@ PER_JOB = frozenset(
 # What a script may set before its import that the import itself reads. PATH, LD_* and PYTHON*
 # are read when the interpreter starts, cold or warm: a script setting them changes neither.
 SCRIPT_PREFIXES = ("TF_", "CUDA", "XLA", "OMP_", "MKL", "KMP_", "NCCL")
-INTERPRETER_PREFIXES = ("PATH", "LD_", "PYTHON")
 # Read later (devices, the first op, a strategy): they take effect in a warm trainer too.
 READ_LATER = frozenset({"TF_CONFIG", "TF_FORCE_GPU_ALLOW_GROWTH", "TF_GPU_ALLOCATOR",
                         "TF_DETERMINISTIC_OPS", "TF_CUDNN_DETERMINISTIC",
@@ -51,59 +50,71 @@ def import_relevant(name: str) -> bool:
     return name.startswith(IMPORT_PREFIXES) and name not in PER_JOB
 
 
-def changed(before: Mapping[str, str], now: Mapping[str, str], every: bool = False) -> list[str]:
-    """The variables a script may set that TensorFlow's import reads, and that differ. `every`:
-    any variable a library's import may read (modules besides TensorFlow were imported ahead,
-    worker.warm_imports), all but those read when the interpreter starts or later."""
-    if every:
-        names = {
-            k
-            for k in (*before, *now)
-            if not k.startswith(INTERPRETER_PREFIXES) and k not in READ_LATER | PER_JOB
-        }
-    else:
-        names = {k for k in (*before, *now)
-                 if k.startswith(SCRIPT_PREFIXES) and k not in READ_LATER}  # fmt: skip
+def changed(before: Mapping[str, str], now: Mapping[str, str]) -> list[str]:
+    """The variables a script may set that TensorFlow's import reads, and that differ."""
+    names = {k for k in (*before, *now) if k.startswith(SCRIPT_PREFIXES) and k not in READ_LATER}
     return sorted(k for k in names if before.get(k) != now.get(k))
+
+
+# Top-level names of the modules imported ahead that an import statement named in this warm
+# trainer before its training began: worker.warm_imports records only those again.
+ahead_used: set[str] = set()
+_stops: list[Callable[[], None]] = []
 
 
 def watch(
     activation_env: Mapping[str, str],
-    start_cold: Callable[[list[str]], None],
+    start_cold: Callable[[list[str], bool], None],
     ahead: frozenset[str] = frozenset(),
-    training: Callable[[], bool] = lambda: False,
+    script_set: Callable[[], list[str]] = list,
 ) -> None:
     """Until the script first imports TensorFlow or Keras (itself, or through any module of
-    its own or ours that it calls, such as worker.runtime): then compare, and call start_cold
-    with what changed. Imports by TensorFlow itself or by our instrumentation pass.
+    its own or ours that it calls, such as worker.runtime): then compare, and call
+    start_cold(names, False) with what changed. Imports by TensorFlow itself or by our
+    instrumentation pass.
 
     `ahead`: the top-level names of the library modules the standby imported besides
-    (worker.warm_imports). Then every variable counts (a library reads what it likes), and
-    each of the script's imports of these or of TensorFlow is looked at until its training
-    begins (`training`), not only the first."""
+    (worker.warm_imports). Then each of the script's imports of those is looked at too, until
+    its training begins (stop_watching): once the script's own code set a variable
+    (`script_set`, worker.warm_imports.Recorder's attribution), start_cold(names, True)."""
     real = builtins.__import__
     watched = WATCHED | ahead
-    looked = False
+    done = False
+
+    def stop() -> None:
+        nonlocal done
+        done = True
+        if builtins.__import__ is checking:  # steady training pays nothing
+            builtins.__import__ = real
 
     def checking(name: str, globals: Any = None, *args: Any, **kwargs: Any) -> Any:
-        nonlocal looked
-        importer = str((globals or {}).get("__name__", ""))
-        if (
-            not looked
-            and name.partition(".")[0] in watched
-            and importer.partition(".")[0] not in watched
-            and importer not in OURS
-        ):
-            differs = changed(activation_env, os.environ, every=bool(ahead))
-            if not ahead or differs or training():
-                looked = True
-                if builtins.__import__ is checking:  # steady training pays nothing
-                    builtins.__import__ = real
-            if differs:
-                start_cold(differs)
+        if not done:
+            root = name.partition(".")[0]
+            if root in ahead:
+                ahead_used.add(root)
+            importer = str((globals or {}).get("__name__", ""))
+            if (
+                root in watched
+                and importer.partition(".")[0] not in watched
+                and importer not in OURS
+            ):
+                differs, library = changed(activation_env, os.environ), False
+                if not differs and root in ahead:
+                    differs, library = script_set(), True
+                if differs or not ahead:  # without libraries ahead: one look
+                    stop()
+                if differs:
+                    start_cold(differs, library)
         return real(name, globals, *args, **kwargs)
 
+    _stops[:] = [stop]
     builtins.__import__ = checking
+
+
+def stop_watching() -> None:
+    """Training began: a start over cold would cost the peers their rendezvous."""
+    for stop in _stops:
+        stop()
 
 
 def mark_undone(names: list[str]) -> None:

@@ -255,9 +255,15 @@ class Instrumentation:
             atexit.register(self._final_read)
 
     def _iterations(self) -> int | None:
-        values = [read_counter(getattr(o, "iterations", None)) for o in list(self._optimizers)]
-        known = [v for v in values if v is not None]
-        return max(known) if known else None
+        values = []
+        for optimizer in list(self._optimizers):
+            try:  # a legacy optimizer makes its counter on first access
+                value = read_counter(optimizer.iterations)
+            except Exception:
+                value = None
+            if value is not None:
+                values.append(value)
+        return max(values) if values else None
 
     def _poll_optimizers(self) -> None:
         """Until Keras fit takes over: the optimizers' iterations, which a restored checkpoint

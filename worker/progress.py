@@ -36,13 +36,15 @@ class ProgressWriter:
         # Run once, before TRAINING is first written (worker.warm_imports' record: the agent
         # prepares the next standby when it reads TRAINING).
         self.before_training: Callable[[], None] | None = None
+        self._hook_lock = threading.Lock()
+        self._training_began = False
 
     @property
     def current(self) -> Progress:
         return self._progress
 
     def update(self, force: bool = False, **changes: Any) -> None:
-        if self.before_training is not None and changes.get("phase") == Phase.TRAINING:
+        if not self._training_began and changes.get("phase") == Phase.TRAINING:
             self.training_begins()
         with self._lock:
             self._progress = replace(self._progress, **changes)
@@ -64,10 +66,12 @@ class ProgressWriter:
     def training_begins(self) -> None:
         """Run before_training, once: at the first TRAINING, or as Keras fit starts (a script
         that imports its own copy of worker.runtime reports through that copy's writer)."""
-        hook, self.before_training = self.before_training, None
-        if hook is not None:
-            with contextlib.suppress(Exception):  # ours: training goes on without it
-                hook()
+        with self._hook_lock:  # a second thread waits: TRAINING is written after the hook
+            hook, self.before_training = self.before_training, None
+            if hook is not None:
+                with contextlib.suppress(Exception):  # ours: training goes on without it
+                    hook()
+            self._training_began = True
 
     def due(self) -> bool:
         """Whether an unforced update would be written now."""

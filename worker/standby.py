@@ -186,8 +186,14 @@ class Keeper:
         self.log = str(request.get("log", self.log))  # the task's (of the job it serves now)
         if self.standby is None:
             imports = warm_imports.valid(request.get("imports") or [])
-            self.standby = Child(request["python"], request["env"], request["fingerprint"],
-                                 self.log, imports)  # fmt: skip
+            try:
+                self.standby = Child(request["python"], request["env"], request["fingerprint"],
+                                     self.log, imports)  # fmt: skip
+            except OSError:  # the list too long for this host's exec limits: without it
+                if not imports:
+                    raise
+                self.standby = Child(request["python"], request["env"], request["fingerprint"],
+                                     self.log, [])  # fmt: skip
         return {"ok": True}
 
     def _replace_dead_standby(self) -> None:
@@ -202,7 +208,8 @@ class Keeper:
         if self.kept_until is not None:  # kept: nobody to prepare it for
             return
         if self.prepared is not None and self.deaths <= MAX_STANDBY_DEATHS:
-            self._prepare(self.prepared)
+            # Without the libraries imported ahead: one of them may be what killed it.
+            self._prepare({**self.prepared, "imports": []})
 
     def _activate(self, request: dict[str, Any]) -> dict[str, Any]:
         standby = self.standby

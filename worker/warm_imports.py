@@ -25,6 +25,7 @@ import sys
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from worker import import_env
 from worker.atomic import write_json_atomic
 
 ENV_WARM_IMPORTS = "ORCHESTRATE_WARM_IMPORTS"  # the standby's list, comma-separated
@@ -37,7 +38,7 @@ MAX_JOINED = 96 << 10  # the standby's variable: Linux takes at most 128 KiB in 
 # ahead (ours; a script's main module under any name).
 SKIP_ROOTS = frozenset({"tensorflow", "worker", "__main__", "__mp_main__"})
 # Where os.environ's writes pass through (setdefault, update) on their way from the writer.
-_ENV_PLUMBING = frozenset({"os", "_collections_abc"})
+_ENV_PLUMBING = frozenset({"os", "_collections_abc", "collections.abc"})
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*\Z")
 
 # The names this process imported as a standby (bootstrap.standby), for its own record, and
@@ -85,6 +86,7 @@ def valid(names: Iterable[object]) -> list[str]:
             and name not in seen
             and _NAME.match(name)
             and name.partition(".")[0] not in SKIP_ROOTS
+            and "__main__" not in name.split(".")
         ):
             joined += len(name) + 1
             if len(seen) >= MAX_NAMES or joined > MAX_JOINED:
@@ -102,8 +104,8 @@ class Recorder:
         self.path = os.path.join(task_dir, WARM_IMPORTS_FILE)
         self.before = set(sys.modules)
         self.ignored = ignored  # read later, or per attempt
-        self.script_set_variables = False
-        self.why = ""  # the first variable the script set: said in the file
+        self.script_set: list[str] = []  # the first variable the script's own code set
+        self.why = ""  # and where: said in the file
         self.done = False
         self.dirs = library_dirs()
         self.ours = os.path.join(os.path.dirname(os.path.abspath(__file__)), "")
@@ -128,23 +130,28 @@ class Recorder:
     def _written(self, key: str) -> None:
         """A variable changes: the script's doing, unless a library's or ours (the first frame
         past os.environ's own plumbing tells)."""
-        if self.done or self.script_set_variables:
+        if self.done or self.script_set:
             return
         frame = sys._getframe(2)
         while frame is not None and frame.f_globals.get("__name__") in _ENV_PLUMBING:
             frame = frame.f_back  # type: ignore[assignment]
         writer = frame.f_globals.get("__name__", "") if frame is not None else ""
         if not self._library(str(writer)):
-            self.script_set_variables = True
-            self.why = f"{writer} sets {key}"
+            self.script_set = [key]
+            self.why = f"{writer or 'code of the script'} sets {key}"
 
     def _library(self, name: str) -> bool:
-        """Not the script's code: a module without a file of its own (frozen, built in), one
-        whose file lies in the library directories, or ours."""
+        """Not the script's code: a loaded module without a file of its own (frozen, built in),
+        one whose file lies in the library directories, or ours. Code of no loaded module
+        (`exec` with globals of its own) counts as the script's."""
         known = self._by_library.get(name)
         if known is None:
-            origin = _origin(sys.modules.get(name))
-            known = origin is None or origin.startswith((*self.dirs, self.ours))
+            module = sys.modules.get(name)
+            origin = _origin(module)
+            if module is None:
+                known = False
+            else:
+                known = origin is None or origin.startswith((*self.dirs, self.ours))
             self._by_library[name] = known
         return known
 
@@ -156,10 +163,14 @@ class Recorder:
         environ.__setitem__ = self._set  # type: ignore[method-assign]
         environ.__delitem__ = self._del  # type: ignore[method-assign]
         names: list[str] = []
-        if not self.script_set_variables:
+        if not self.script_set:
+            # Of those imported ahead, the packages this trainer's imports named (the script
+            # may have dropped one); then what it imported that the standby had not.
+            used = import_env.ahead_used
+            again = [n for n in imported if n.partition(".")[0] in used]
             new = [n for n, m in list(sys.modules.items())
                    if n not in self.before and _from_library(m, self.dirs)]  # fmt: skip
-            names = valid([*imported, *new])
+            names = valid([*again, *new])
         with contextlib.suppress(OSError):  # only a restart's speed depends on it
             write_json_atomic(self.path, {"modules": names, "not_recorded": self.why})
 
@@ -172,7 +183,7 @@ def read(task_dir: str) -> list[str]:
         if len(raw) > MAX_BYTES:
             return []
         data = json.loads(raw)
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # nesting deep enough for the parser
         return []
     modules = data.get("modules") if isinstance(data, dict) else None
     return valid(modules) if isinstance(modules, list) else []
@@ -195,6 +206,19 @@ def import_ahead(names: Sequence[str]) -> None:
             with contextlib.suppress(OSError):
                 stat = os.stat(origin)
                 _files[origin] = (stat.st_mtime_ns, stat.st_size)
+
+
+def shadowed(script_dir: str) -> str:
+    """A package imported ahead that the script's own directory holds a module of the same
+    name for (a cold start would import that one, first on its path): its name, or ''."""
+    try:
+        entries = set(os.listdir(script_dir))
+    except OSError:
+        return ""
+    for root in sorted(roots(imported)):
+        if {root, f"{root}.py"} & entries:
+            return root
+    return ""
 
 
 def stale() -> str:

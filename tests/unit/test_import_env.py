@@ -34,7 +34,8 @@ def watched(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
     monkeypatch.setattr(builtins, "__import__", builtins.__import__)  # restored afterwards
     calls: list[list[str]] = []
     monkeypatch.setenv("TF_ENABLE_ONEDNN_OPTS", "1")
-    import_env.watch(dict(os.environ), calls.append)  # the activation's environment
+    # the activation's environment
+    import_env.watch(dict(os.environ), lambda names, library: calls.append(names))
     return calls
 
 
@@ -94,32 +95,39 @@ def test_a_trainer_started_over_cold_is_still_the_keepers_standby_to_the_agent(
     execs: list[dict[str, str]] = []
     monkeypatch.setattr(os, "execve", lambda path, argv, env: execs.append(env))
     order = {"env": {"TF_CONFIG": "{}"}, "target": ["train.py"]}
-    bootstrap._start_cold(["TF_ENABLE_ONEDNN_OPTS"], order)
+    bootstrap._start_cold(["TF_ENABLE_ONEDNN_OPTS"], order, library=False)
     assert len(execs) == 1 and execs[0][ENV_STANDBY] == "1", execs
     assert execs[0][import_env.ENV_UNDONE] == "TF_ENABLE_ONEDNN_OPTS"
     assert (tmp_path / import_env.UNDONE_FILE).read_text() == "TF_ENABLE_ONEDNN_OPTS\n"
 
 
-def test_with_libraries_imported_ahead_every_variable_counts_until_training_begins(
+def test_with_libraries_imported_ahead_the_script_setting_a_variable_counts_until_training(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """worker.warm_imports: the standby imported `json` (say, scikit-learn) besides TensorFlow.
-    A library reads what it likes, so any variable the script set counts; and each of the
-    script's imports of such a module is looked at, until its training begins."""
+    Once the script's own code set a variable (the Recorder tells which), its next import of
+    such a library starts it over cold, without marking the task (`library`); TensorFlow's
+    variables count as before; at training, the watch ends."""
     monkeypatch.setattr(builtins, "__import__", builtins.__import__)  # restored afterwards
-    calls: list[list[str]] = []
-    training = [False]
-    import_env.watch(dict(os.environ), calls.append, frozenset({"json"}), lambda: training[0])
-    _import_from("__main__", monkeypatch)  # nothing set: watching on
-    assert calls == [] and builtins.__import__.__name__ == "checking"
-    _import_from("__main__", monkeypatch, MY_LIBRARY_FLAG="1", PYTHONHASHSEED="0", TF_CONFIG="x")
-    assert calls == [["MY_LIBRARY_FLAG"]]  # read later or at the interpreter's start: not
+    monkeypatch.setattr(import_env, "ahead_used", set())
+    calls: list[tuple[list[str], bool]] = []
+    script_set: list[str] = []
+    import_env.watch(dict(os.environ), lambda names, library: calls.append((names, library)),
+                     frozenset({"json"}), lambda: script_set)  # fmt: skip
+    _import_from("__main__", monkeypatch)
+    _import_from("json.decoder", monkeypatch)  # the library's own: counted as used only
+    assert calls == [] and builtins.__import__.__name__ == "checking"  # watching on
+    assert import_env.ahead_used == {"json"}
+    script_set.append("MY_LIBRARY_FLAG")
+    _import_from("__main__", monkeypatch)
+    assert calls == [(["MY_LIBRARY_FLAG"], True)]
     assert builtins.__import__.__name__ == "__import__"  # one difference is enough
 
     monkeypatch.setattr(builtins, "__import__", builtins.__import__)
     calls.clear()
-    import_env.watch(dict(os.environ), calls.append, frozenset({"json"}), lambda: training[0])
-    training[0] = True
+    import_env.watch(dict(os.environ), lambda names, library: calls.append((names, library)),
+                     frozenset({"json"}), lambda: ["MY_LIBRARY_FLAG"])  # fmt: skip
+    import_env.stop_watching()  # training began
+    assert builtins.__import__.__name__ == "__import__"
     _import_from("__main__", monkeypatch)
-    assert builtins.__import__.__name__ == "__import__"  # training: no more looks
     assert calls == []

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from worker import warm_imports
+from worker import import_env, warm_imports
 from worker.warm_imports import MAX_JOINED, MAX_NAMES, WARM_IMPORTS_FILE, Recorder
 
 
@@ -118,10 +118,13 @@ def test_nothing_is_recorded_when_the_script_set_a_variable_itself(
     _script_imports("fake_sets_env")
     recorder.record()
     assert _recorded(library) == []
+    reason = json.loads((library / WARM_IMPORTS_FILE).read_text())["not_recorded"]
+    assert reason == "fake_script sets " + ("HOME" if "del" in code else "FAKE_SCRIPT_SET")
 
 
-def test_a_standby_imports_ahead_what_it_can_and_records_it_for_its_trainer(
-    library: Path,
+@pytest.mark.parametrize("used", [True, False], ids=["still-imported", "dropped-by-the-script"])
+def test_a_standby_imports_ahead_what_it_can_and_its_trainer_records_what_it_still_uses(
+    library: Path, monkeypatch: pytest.MonkeyPatch, used: bool
 ) -> None:
     warm_imports.import_ahead(
         ["fake_broken", "fake_plain", "fake_script", "tensorflow", "fake_elsewhere"]
@@ -129,9 +132,27 @@ def test_a_standby_imports_ahead_what_it_can_and_records_it_for_its_trainer(
     assert "fake_plain" in sys.modules and "fake_broken" not in sys.modules
     assert "fake_elsewhere" not in sys.modules  # found outside the library directories
     assert warm_imports.imported == ["fake_plain"]
-    recorder = Recorder(str(library), frozenset())  # the trainer this standby becomes
+    # The trainer this standby becomes: did an import statement of its name the package?
+    monkeypatch.setattr(import_env, "ahead_used", {"fake_plain"} if used else set())
+    recorder = Recorder(str(library), frozenset())
     recorder.record()
-    assert _recorded(library) == ["fake_plain"]
+    assert _recorded(library) == (["fake_plain"] if used else [])
+
+
+def test_code_of_no_module_setting_a_variable_counts_as_the_script_s(library: Path) -> None:
+    recorder = Recorder(str(library), frozenset())
+    exec("import os; os.environ['FAKE_SCRIPT_SET'] = '1'", {"__name__": "not_a_module"})
+    recorder.record()
+    data = json.loads((library / WARM_IMPORTS_FILE).read_text())
+    assert data == {"modules": [], "not_recorded": "not_a_module sets FAKE_SCRIPT_SET"}
+
+
+def test_a_module_of_the_script_s_own_shadowing_a_package_imported_ahead(library: Path) -> None:
+    warm_imports.import_ahead(["fake_plain"])
+    own = library / "script"
+    assert warm_imports.shadowed(str(own)) == ""
+    (own / "fake_plain.py").write_text("")  # a cold start would import this one
+    assert warm_imports.shadowed(str(own)) == "fake_plain"
 
 
 def test_a_module_upgraded_while_the_standby_waited_makes_it_stale(library: Path) -> None:
