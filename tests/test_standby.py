@@ -220,6 +220,26 @@ def test_a_pid_the_keeper_names_is_signalled_only_if_it_is_its_child_and_a_stand
             proc.wait()
 
 
+def test_a_standby_caught_in_the_middle_of_an_exec_is_still_a_standby() -> None:
+    """A warm trainer that starts over cold execs itself, maybe while the agent is checking the
+    pid the keeper named: for a moment in each exec the kernel shows no environment at all. A
+    process that does nothing but exec itself, under the standby's mark, passes every check."""
+    script = 'i=$1; [ "$i" -gt 0 ] && exec sh -c "$0" "$0" $((i - 1)); exec sleep 30'
+    child = subprocess.Popen(
+        ["sh", "-c", script, script, "100000"], env={**os.environ, ENV_STANDBY: "1"}
+    )
+    try:
+        problems = [verify_trainer(child.pid, os.getpid()) for _ in range(2000)]
+        argv = wait_for(
+            lambda: Path(f"/proc/{child.pid}/cmdline").read_bytes().split(b"\0")[:-1], 5
+        )
+        assert child.poll() is None and int(argv[-1]) > 0  # it was exec-ing all along
+        assert set(problems) == {""}, {p for p in problems if p}
+    finally:
+        child.kill()
+        child.wait()
+
+
 def test_a_second_keeper_for_a_task_says_the_name_is_served_and_leaves(
     shared_tmp: Path, tmp_path: Path
 ) -> None:

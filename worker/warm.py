@@ -253,18 +253,30 @@ def _not_our_keeper(sock: socket.socket) -> str:
     return "" if ours else f"the keeper's socket is served by pid {pid}, not a keeper of ours"
 
 
+def _environ(pid: int, patience: float = 2.0) -> list[bytes] | None:
+    """The environment `pid` was started with; None when it is gone. A standby that starts over
+    cold (bootstrap's exec) shows none for a moment in the middle of its exec: the kernel has
+    its new memory but not yet its environment's place in it. Only then is it read again."""
+    deadline = time.monotonic() + patience
+    while True:
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as fh:
+                environ = fh.read().split(b"\0")
+        except OSError:
+            return None
+        if environ != [b""] or time.monotonic() > deadline:
+            return environ
+        time.sleep(0.01)
+
+
 def verify_trainer(pid: object, keeper_pid: int) -> str:
     """'' when `pid`, as the keeper named it, is the keeper's child and a standby (one it made):
     the only pid the agent will signal. A pid told by another process is a claim, not a fact."""
     if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 1:
         return f"the keeper named pid {pid!r}"
     parent = parent_of(pid)
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as fh:
-            environ = fh.read().split(b"\0")
-    except OSError:
-        parent = 0
-    if not parent:
+    environ = _environ(pid)
+    if not parent or environ is None:
         return f"the keeper named pid {pid}, which is gone"
     if parent != keeper_pid:
         return f"the keeper named pid {pid}, which is not its child"
