@@ -203,7 +203,6 @@ def standby(control_fd: int) -> None:
     warm_imports.import_ahead(ahead.split(",") if ahead else [])
     # What the imports set themselves (TensorFlow sets TF2_BEHAVIOR...): a cold trainer has
     # them after the same imports, so the activation's environment gets them too.
-    initial.pop(warm_imports.ENV_WARM_IMPORTS, None)
     imports_set = {k: v for k, v in os.environ.items() if initial.get(k) != v}
     control.sendall(b"ready\n")
     data = b""

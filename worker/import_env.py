@@ -93,6 +93,9 @@ def watch(
             if root in ahead:
                 ahead_used.add(root)
             importer = str((globals or {}).get("__name__", ""))
+            # By the importer's name, not its file (warm_imports.Recorder's rule for who set a
+            # variable): any other library's first import of TensorFlow, or worker.runtime's,
+            # runs for the script and meets the script's environment.
             if (
                 root in watched
                 and importer.partition(".")[0] not in watched

@@ -160,7 +160,7 @@ class WorkerSpec:
     # Stop the trainer when the coordinator has not reached this host for this long and no
     # peer answers either (worker.contact); 0: never.
     orphan_timeout: float = 0.0
-    # Keep a standby interpreter with TensorFlow imported for the next attempt (worker.warm);
+    # Keep a standby interpreter with TensorFlow imported for the next attempt (worker.warm).
     warm_restart: bool = False
     warm_imports: bool = False  # it also imports what the last trainer did (worker.warm_imports)
     # How long the task's standby keeper waits for the next attempt's agent before it ends.
