@@ -161,10 +161,12 @@ def agent_rss(root: Path) -> float:
 
 
 def trainer_rss(root: Path, home: Path) -> float:
-    """The trainer's own peak RSS, from a short orchestrate job (read while it trains)."""
-    peak, _ = launch_and_watch_peak(
-        local_config(root, 4), home, lambda proc: processes_running(TRAINER)
-    )
+    """The trainer's own peak RSS, from a short orchestrate job (read while it trains). A cold
+    trainer: one started in a standby kept from an earlier job runs under the standby's command
+    line, which does not name the script."""
+    config = local_config(root, 4, "keep_standbys = 0")
+    peak, code = launch_and_watch_peak(config, home, lambda proc: processes_running(TRAINER))
+    assert code == 0 and peak > 0, f"the RSS job ended with {code}, peak {peak} MB"
     return peak
 
 

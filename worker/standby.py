@@ -202,14 +202,16 @@ class Keeper:
         assert self.standby is not None
         self.standby.proc.wait()
         self.standby.close()
-        self.standby = None
+        was_ready, self.standby = self.standby.ready, None
         self.deaths += 1
         self.record()
         if self.kept_until is not None:  # kept: nobody to prepare it for
             return
         if self.prepared is not None and self.deaths <= MAX_STANDBY_DEATHS:
-            # Without the libraries imported ahead: one of them may be what killed it.
-            self._prepare({**self.prepared, "imports": []})
+            # One that died while importing goes without the libraries imported ahead: one of
+            # them may be what killed it. One that was ready had imported them all.
+            imports = self.prepared.get("imports") if was_ready else []
+            self._prepare({**self.prepared, "imports": imports})
 
     def _activate(self, request: dict[str, Any]) -> dict[str, Any]:
         standby = self.standby
