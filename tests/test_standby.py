@@ -97,6 +97,50 @@ def test_the_keeper_replaces_a_stale_standby_and_runs_a_fresh_script_in_a_matchi
     assert not any(is_alive(p) for p in ready)
 
 
+def test_a_standby_that_dies_importing_a_library_ahead_is_replaced_without_the_list(
+    tmp_path: Path,
+) -> None:
+    """A library imported ahead (worker.warm_imports) that kills the interpreter: the keeper's
+    replacement standby imports TensorFlow alone, and becomes ready."""
+    site = tmp_path / "lib" / "site-packages"  # a library directory: its names are imported ahead
+    site.mkdir(parents=True)
+    tally = tmp_path / "imported"
+    (site / "deadly.py").write_text(
+        f"import os\nwith open({str(tally)!r}, 'a') as fh:\n    fh.write('x')\nos._exit(7)\n"
+    )
+    job = f"test-deadly-{os.getpid()}"
+    keeper = subprocess.Popen(
+        [sys.executable, STANDBY, job, "0", "1.0", str(tmp_path / "standby.log"), "0", "0"],
+        start_new_session=True,
+    )
+    ready: list[int] = []
+    link = None
+    try:
+        link = wait_for(
+            lambda: KeeperLink.connect(socket_path(job, 0), lambda pid, rss: ready.append(pid))[0],
+            10,
+        )
+        assert isinstance(link, KeeperLink)
+        env = {"PATH": os.environ["PATH"], "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": str(site)}
+        reply = link.request({"op": "prepare", "python": sys.executable, "env": standby_env(env),
+                              "fingerprint": fingerprint(env, sys.executable, {}),
+                              "imports": ["json", "deadly"]})  # fmt: skip
+        assert reply["ok"], reply
+        assert wait_for(lambda: ready, 180)
+        assert tally.read_text() == "x"  # the first standby died of it; the replacement skipped it
+        assert len(ready) == 1 and is_alive(ready[0])
+    finally:
+        if link is not None:
+            link.close()
+        try:
+            keeper.wait(timeout=30)
+        finally:
+            if keeper.poll() is None:
+                os.killpg(keeper.pid, 9)
+                keeper.wait()
+    assert not any(is_alive(p) for p in ready)
+
+
 # --- another user on the host: the keeper's socket cannot be taken, nor anything sent to it ----
 
 SQUATTER = """
