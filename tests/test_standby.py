@@ -28,6 +28,19 @@ sys.exit(3)
 """
 
 
+def _leave(keeper: subprocess.Popen[bytes], link: KeeperLink | None) -> None:
+    """The agent goes: the keeper ends (its standby with it) once its linger is over; killed
+    with its session if it does not."""
+    if link is not None:
+        link.close()
+    try:
+        keeper.wait(timeout=30)
+    finally:
+        if keeper.poll() is None:
+            os.killpg(keeper.pid, 9)
+            keeper.wait()
+
+
 def test_the_keeper_replaces_a_stale_standby_and_runs_a_fresh_script_in_a_matching_one(
     tmp_path: Path,
 ) -> None:
@@ -84,15 +97,7 @@ def test_the_keeper_replaces_a_stale_standby_and_runs_a_fresh_script_in_a_matchi
         assert seen == {"name": "__main__", "argv": [str(script), "--flag"], "x": "1",
                         "old": None, "cwd": str(workdir), "runs": 1, "tf": True}  # fmt: skip
     finally:
-        if link is not None:
-            link.close()
-        # No agent: the keeper ends (its standby with it) once its linger is over.
-        try:
-            keeper.wait(timeout=30)
-        finally:
-            if keeper.poll() is None:
-                os.killpg(keeper.pid, 9)
-                keeper.wait()
+        _leave(keeper, link)
     assert keeper.returncode == 0
     assert not any(is_alive(p) for p in ready)
 
@@ -130,14 +135,7 @@ def test_a_standby_that_dies_importing_a_library_ahead_is_replaced_without_the_l
         assert tally.read_text() == "x"  # the first standby died of it; the replacement skipped it
         assert len(ready) == 1 and is_alive(ready[0])
     finally:
-        if link is not None:
-            link.close()
-        try:
-            keeper.wait(timeout=30)
-        finally:
-            if keeper.poll() is None:
-                os.killpg(keeper.pid, 9)
-                keeper.wait()
+        _leave(keeper, link)
     assert not any(is_alive(p) for p in ready)
 
 
