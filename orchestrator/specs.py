@@ -63,6 +63,7 @@ def make_specs(
             orphan_timeout=orphan_timeout(config, backend),
             warm_restart=warm_restarts(config, backend),
             warm_imports=config.restart.warm_imports,
+            standby_delay=config.restart.standby_delay,
             # The keeper waits out the longest restart gap: the backoff, then the preflight.
             standby_linger=config.restart.backoff_max + 60.0,
             keep_standbys=config.restart.keep_standbys

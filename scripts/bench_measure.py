@@ -23,6 +23,9 @@ BENCH_AB = REPO / "scripts" / "bench_ab.py"
 FAKE = REPO / "tests" / "fixtures" / "fake_trainer.py"
 PY = sys.executable
 SURVIVOR_CAP = 90.0  # seconds: a survivor still hung then is a failed round
+# More of every benchmark job's [restart]: the quick run (the tests') starts standbys sooner
+# than the default standby_delay, which only makes its warm rows wait.
+RESTART_EXTRA = ""
 
 
 def free_ports(count: int) -> list[int]:
@@ -121,6 +124,7 @@ workers = 2
 
 [restart]
 backoff = 0.0
+{RESTART_EXTRA}
 {extra}
 """
     )
@@ -325,7 +329,9 @@ def _rss_mb(pid: int) -> float:
 
 def kill_and_resume(root: Path, home: Path, warm: bool) -> dict[str, float]:
     no_kept_standbys()
-    config = local_config(root, 30, extra=f"warm_restart = {'true' if warm else 'false'}")
+    # Far more epochs than the measurement lasts (it stops the job): with warm restarts the
+    # standbys start once the trainers have trained [restart] standby_delay.
+    config = local_config(root, 1000, extra=f"warm_restart = {'true' if warm else 'false'}")
     env = orch_env(home)
     out = subprocess.run([PY, "-m", "orchestrator", "launch", "--detach", str(config)],
                          capture_output=True, text=True, env=env, cwd=REPO, check=True)  # fmt: skip
@@ -382,7 +388,7 @@ def relaunch(root: Path, home: Path) -> dict[str, float]:
     its first training step. `warm_used` 0: it started cold (a failed round)."""
     no_kept_standbys()
     env = orch_env(home)
-    config = local_config(root, 30)
+    config = local_config(root, 1000)  # stopped once its standbys are ready
     out = subprocess.run([PY, "-m", "orchestrator", "launch", "--detach", str(config)],
                          capture_output=True, text=True, env=env, cwd=REPO, check=True)  # fmt: skip
     job_id = out.stdout.split()[1]

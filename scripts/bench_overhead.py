@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_measure
 from bench_measure import (
     PY,
     REPO,
@@ -85,6 +86,7 @@ workers = 2
 
 [restart]
 backoff = 0.0
+{bench_measure.RESTART_EXTRA}
 {changes.get("restart", "")}
 """
     )
@@ -131,39 +133,50 @@ def _job_cpu(job: str) -> dict[int, tuple[str, float]]:
 
 
 def _window(job: str, home: Path, seconds: float) -> dict[str, float]:
-    """Each kind's CPU over `seconds` of the attempt that trains at the start: the trainers
-    are the pids the job's status names (a warm trainer's command line is a standby's)."""
-    trainers = _running_trainers(job, home)
+    """Each kind's CPU (cores) over `seconds` of the attempt that trains at the start, and the
+    trainers' steps/s ("steps_per_s", their mean): the trainers are the pids the job's status
+    names (a warm trainer's command line is a standby's)."""
+    trainers, steps = _running_trainers(job, home)
     before, t0 = _job_cpu(job), time.monotonic()
     time.sleep(seconds)
     after, elapsed = _job_cpu(job), time.monotonic() - t0
-    if _running_trainers(job, home) != trainers:
+    trainers_after, steps_after = _running_trainers(job, home)
+    if trainers_after != trainers:
         raise RuntimeError(f"job {job}: its trainers changed or ended during the window")
     shares: dict[str, float] = {}
     for pid, (kind, cpu) in after.items():
         kind = "trainer" if pid in trainers else kind
         shares[kind] = shares.get(kind, 0.0) + (cpu - before.get(pid, (kind, 0.0))[1]) / elapsed
-    return {kind: round(share, 4) for kind, share in sorted(shares.items())}
+    shares = {kind: round(share, 4) for kind, share in sorted(shares.items())}
+    return {**shares, "steps_per_s": round((steps_after - steps) / elapsed, 1)}
 
 
-def _running_trainers(job: str, home: Path) -> set[int]:
+def _running_trainers(job: str, home: Path) -> tuple[set[int], float]:
+    """The job's trainers, and their mean step count."""
     tasks = status_json(home, job)["jobs"][0]["tasks"]
     if not all(t["state"] == "running" and t["pid"] for t in tasks):
         raise RuntimeError(f"job {job}: not every task is training")
-    return {t["pid"] for t in tasks}
+    return {t["pid"] for t in tasks}, statistics.mean(t["step"] or 0 for t in tasks)
+
+
+def _standbys(job: str) -> list[bool]:
+    """Whether each standby its keepers hold for the job is ready."""
+    from worker.keepers import entries
+
+    return [e.standby_ready for e in entries() if e.job == job and e.standby]
 
 
 def cpu_shares(root: Path, home: Path, epochs: int, seconds: float = 8.0) -> dict[str, dict]:
-    """CPU seconds per second of wall time, by kind of process: in the first window of steady
-    training (epoch 3 on: the standbys import TensorFlow then), and once both standbys are
-    ready."""
+    """CPU seconds per second of wall time, by kind of process, and the trainers' steps/s, in
+    three windows of a job with every default on: steady training before the standbys (epoch
+    3 on), while both standbys import TensorFlow (once the trainers have trained
+    [restart] standby_delay), and once both are ready."""
     no_kept_standbys()
     out = subprocess.run(
         [PY, "-m", "orchestrator", "launch", "--detach", str(config(root, "defaults", epochs))],
         capture_output=True, text=True, env=orch_env(home), cwd=REPO, check=True,
     )  # fmt: skip
     job = out.stdout.split("job ", 1)[1].split()[0].rstrip(":")
-    logs = [root / "shared" / job / "logs" / f"worker-{i}.log" for i in (0, 1)]
 
     def trained(n: int) -> bool:
         tasks = status_json(home, job)["jobs"][0]["tasks"]
@@ -171,13 +184,17 @@ def cpu_shares(root: Path, home: Path, epochs: int, seconds: float = 8.0) -> dic
 
     wait(lambda: trained(3), 300, 0.5)
     try:
+        if _standbys(job):
+            raise RuntimeError(f"job {job}: a standby started before standby_delay")
+        training = _window(job, home, seconds)
+        wait(lambda: len(s := _standbys(job)) == 2 and not any(s), 300, 0.1)
         importing = _window(job, home, seconds)
-        wait(lambda: all("warm standby ready" in p.read_text() for p in logs), 300, 0.5)
+        wait(lambda: _standbys(job) == [True, True], 300, 0.5)
         steady = _window(job, home, seconds)
     finally:
         subprocess.run([PY, "-m", "orchestrator", "stop", job], capture_output=True,
                        env=orch_env(home), cwd=REPO, check=False)  # fmt: skip
-    return {"standbys_importing": importing, "standbys_ready": steady}
+    return {"training": training, "standbys_importing": importing, "standbys_ready": steady}
 
 
 def main() -> int:
@@ -220,7 +237,7 @@ def main() -> int:
     shares = cpu_shares(root, home, 1000)
     print("\nCPU in steady training (cores busy), every default on:")
     for window, busy in shares.items():
-        ours = sum(v for k, v in busy.items() if k != "trainer")
+        ours = sum(v for k, v in busy.items() if k not in ("trainer", "steps_per_s"))
         print(f"  {window:20} " + ", ".join(f"{k} {v:.3f}" for k, v in busy.items())
               + f"; ours beside the trainers {ours:.3f}")  # fmt: skip
     result = {"raw_steps_per_s": round(raw, 1), "variants": summary, "rounds": rounds,

@@ -30,6 +30,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "scripts"))
 
+import bench_measure  # noqa: E402
 import slurmbed  # noqa: E402
 from bench_measure import wait  # noqa: E402
 from bench_rows import Row, run_meta, write_results  # noqa: E402
@@ -90,6 +91,7 @@ python = "{PY}"
 
 [restart]
 backoff = 0.2
+{bench_measure.RESTART_EXTRA}
 """
     )
     return path

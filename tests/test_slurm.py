@@ -168,7 +168,7 @@ def test_a_three_node_job_trains_to_the_end_and_its_allocation_completes(
 def test_a_killed_trainer_restarts_the_group_as_a_new_step_of_the_same_allocation(
     slurm: slurmbed.SlurmBed, cli: Callable[..., CliResult], tmp_path: Path, reap_pids: list[int]
 ) -> None:
-    path = slurm_toml(tmp_path, epochs=40)
+    path = slurm_toml(tmp_path, epochs=40, extra="standby_delay = 0")
     job_id = launch_detached(cli, path, reap_pids)
     running: Any = wait_for(lambda: tasks_at_epoch(cli, job_id, 2), 120, interval=0.3)
     slurm_job = running["slurm_job"]

@@ -682,7 +682,7 @@ def test_a_host_cut_off_for_good_is_replaced_by_a_spare_and_the_job_finishes_the
     The hosts share /tmp, as containers can: the task that moves to another host must not start
     in the standby its keeper on the lost host holds (it would train in the lost host's
     network namespace, and the group would never form)."""
-    path = plain_training_toml(bed, tmp_path, 10, "[restart]\nbackoff = 0.5\n")
+    path = plain_training_toml(bed, tmp_path, 10, "[restart]\nbackoff = 0.5\nstandby_delay = 0\n")
     path.write_text(path.read_text().replace('name = "h2"', 'name = "h2"\nspare = true'))
     lost = next(h for h in bed.hosts if h.name == victim)
 
@@ -813,7 +813,7 @@ def test_a_relaunch_starts_each_task_in_the_standby_its_own_host_kept(
     its standbys are ready leaves one kept on each host (`orchestrate standbys` asks each host
     through its helper); the next launch starts each task in the standby of its own host, inside
     that host's network, and trains."""
-    path = plain_training_toml(bed, tmp_path, 500, "")
+    path = plain_training_toml(bed, tmp_path, 500, "[restart]\nstandby_delay = 0\n")
     first = launch_detached(cli, path, reap_pids)
 
     def all_ready() -> bool:

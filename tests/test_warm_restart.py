@@ -36,7 +36,7 @@ def _config(tmp_path: Path) -> Path:
         f'args = ["--epochs", "40", "--backup-dir", "{backup}", "--step-delay", "0.03"]\n'
         'env = { TF_CPP_MIN_LOG_LEVEL = "2", SHOW_STARTUP = "1" }'
     )
-    return two_worker_config(tmp_path, "warm", entry)
+    return two_worker_config(tmp_path, "warm", entry, restart="standby_delay = 0")
 
 
 def _log(tmp_path: Path, job_id: str, task: int) -> str:
@@ -162,4 +162,44 @@ def test_a_script_that_sets_import_time_variables_itself_is_started_over_cold(
         recorded = tmp_path / "shared" / job_id / "tasks" / str(i) / "warm-imports.json"
         data = json.loads(recorded.read_text())
         assert data == {"modules": [], "not_recorded": "__main__ sets TF_CPP_MIN_LOG_LEVEL"}
+    wait_for(lambda: not job_processes(job_id), 15)
+
+
+def test_no_standby_imports_beside_the_first_steps_and_a_restart_before_the_delay_is_warm(
+    tmp_path: Path, cli: Callable[..., CliResult], reap_pids: list[int]
+) -> None:
+    """[restart] standby_delay: nothing imports TensorFlow beside a job's first epochs. A
+    trainer killed before the delay gets its standby as it exits (and the task stopped with it
+    too: keep_standbys is on), and the restart waits for them to finish importing and starts
+    warm in both tasks."""
+    from worker.keepers import entries
+
+    backup = tmp_path / "shared" / "backup"
+    entry = (
+        f'script = "{PLAIN_FIT}"\n'
+        f'args = ["--epochs", "8", "--backup-dir", "{backup}", "--step-delay", "0.03"]\n'
+        'env = { TF_CPP_MIN_LOG_LEVEL = "2", SHOW_STARTUP = "1" }'
+    )
+    config = two_worker_config(tmp_path, "delay", entry, restart="standby_delay = 600")
+    job_id = launch_detached(cli, config, reap_pids)
+    running = wait_for(
+        lambda: (j := job_view(cli, job_id))["state"] == "running"
+        and all(t["state"] == "running" and t["epoch"] >= 2 for t in j["tasks"])
+        and j,
+        240,
+    )  # fmt: skip
+    assert isinstance(running, dict)
+    reap_pids.extend(t["pid"] for t in running["tasks"] if t["pid"])
+    # Two epochs trained: no keeper and no standby for this job, anywhere.
+    assert not [e for e in entries() if e.job == job_id]
+    assert not any((tmp_path / "shared" / job_id / "tasks" / str(i) / "standby.log").exists()
+                   for i in (0, 1))  # fmt: skip
+    signal_job_process(running["tasks"][1]["pid"], job_id, signal.SIGKILL)
+    job = wait_for_end(cli, job_id, timeout=300)
+    assert job["state"] == "succeeded" and job["restarts"] == 1, job["last_cause"]
+    for i in (0, 1):
+        log = _log(tmp_path, job_id, i)
+        assert "warm start: the standby" in log.split("attempt 1:")[-1], log[-3000:]
+        runs = [(s["attempt"], s["tf_imported"]) for s in _startups(log)]
+        assert runs == [("0", False), ("1", True)], runs
     wait_for(lambda: not job_processes(job_id), 15)

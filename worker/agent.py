@@ -23,6 +23,7 @@ from types import FrameType
 from typing import BinaryIO
 
 from worker import ship, stacks
+from worker.agent_standby import AgentStandby
 from worker.children import BOOTSTRAP, die_with_parent, exit_waiter
 from worker.contact import cut_off, forget, peer_endpoints
 from worker.proctl import HURRY, not_nested
@@ -44,14 +45,7 @@ from worker.spec import (
     write_json_atomic,
 )
 from worker.tb_events import EventWriter
-from worker.warm import (
-    KeeperLink,
-    WarmTrainer,
-    fingerprint,
-    prepare_standby,
-    undone_reason,
-    warm_start,
-)
+from worker.warm import WarmTrainer
 from worker.warm_imports import ENV_RECORD_IMPORTS
 
 FINAL_STATUS_PATIENCE = 30.0  # seconds to keep trying to write the final status
@@ -115,8 +109,7 @@ class Agent:
         self._stop_requested = threading.Event()
         self._stop_deadline: float | None = None
         self._trainer: subprocess.Popen[bytes] | WarmTrainer | None = None
-        self._keeper: KeeperLink | None = None
-        self._standby_asked = False
+        self._standby: AgentStandby | None = None
         self._started = time.monotonic()
         self._progress = Progress()
         self._progress_too_big = False
@@ -146,7 +139,11 @@ class Agent:
                 f"on {spec.host_label} starting",
             )
             self._log = log
-            self._trainer = self._warm_start(log)
+            note = functools.partial(_note, log)
+            phase = self._trainer_phase
+            standby = AgentStandby(spec, trainer_env(spec), note, self._stop_requested, phase)
+            self._standby = standby
+            self._trainer = standby.warm_start(str(self.log_path))
             if self._trainer is None:
                 try:
                     self._trainer = subprocess.Popen(
@@ -166,10 +163,13 @@ class Agent:
             if self._stop_requested.is_set():  # a stop arrived while we were starting
                 self._forward_stop()
             code = self._supervise(self._trainer)
+            # Before its delay: for the restart after this trainer's failure, or the next job.
+            failed = code != 0 and not self._stop_requested.is_set()
+            if (failed or spec.keep_standbys > 0) and standby.due(exiting=True):
+                standby.prepare()
             state = self._final_state(code)
             _note(log, f"trainer exited with code {code} ({state})")
-            if self._keeper is not None:
-                self._keeper.close()
+            standby.close()
         # The final status is what tells the coordinator how the trainer ended: keep trying a
         # while if the shared directory refuses it (full, or gone read-only for a moment).
         deadline = time.monotonic() + FINAL_STATUS_PATIENCE
@@ -178,45 +178,8 @@ class Agent:
         forget(os.getpid())
         return code
 
-    # --- warm restarts (worker/warm.py, worker/standby.py) ------------------------------
-    def _warm_start(self, log: BinaryIO) -> WarmTrainer | None:
-        """This attempt's trainer from the task's standby, when a keeper has a matching one
-        ready; None: start cold (and say why, when a keeper was there)."""
-        spec = self.spec
-        undone = undone_reason(str(spec.layout.task_dir(spec.task_index)))
-        if undone:
-            _note(log, f"cold start: {undone}")
-        if not spec.warm_restart or not spec.instrument or undone:
-            return None
-        python, *target = spec.argv
-        env = trainer_env(spec)
-        task_dir = spec.layout.task_dir(spec.task_index)
-        order = {"fingerprint": fingerprint(env, python, spec.env), "env": env,
-                 "target": target, "cwd": spec.workdir, "log": str(self.log_path),
-                 "job_id": spec.job_id, "task_index": spec.task_index,
-                 "linger": spec.standby_linger, "keep": spec.keep_standbys,
-                 "keep_bytes": spec.keep_standbys_bytes,
-                 "standby_log": str(task_dir / "standby.log")}  # fmt: skip
-        trainer, self._keeper, problem = warm_start(
-            spec.job_id, spec.task_index, order, self._standby_ready, spec.keep_standbys > 0
-        )
-        if trainer is None:
-            if problem:
-                _note(log, f"cold start: {problem}")
-            return None
-        _note(log, f"warm start: the standby (pid {trainer.pid}) runs the entrypoint")
-        return trainer
-
-    def _prepare_standby(self) -> None:
-        """Once this attempt trains, have the keeper prepare a standby for the next attempt."""
-        self._standby_asked = True
-        note = functools.partial(_note, self._log)
-        spec = self.spec
-        self._keeper = prepare_standby(spec, trainer_env(spec), self._keeper, note,
-                                       self._standby_ready)  # fmt: skip
-
-    def _standby_ready(self, pid: int, rss: int) -> None:
-        _note(self._log, f"warm standby ready for a restart: pid {pid}, RSS {rss >> 20} MB")
+    def _trainer_phase(self) -> Phase:
+        return self._read_progress().phase
 
     def _final_state(self, code: int) -> AgentState:
         if code == 0:
@@ -232,14 +195,8 @@ class Agent:
         exited = exit_waiter(trainer)
         while True:
             self._write_status(AgentState.RUNNING)
-            if (
-                self.spec.warm_restart
-                and self.spec.instrument
-                and not self._standby_asked
-                and not self._stop_requested.is_set()
-                and self._read_progress().phase == Phase.TRAINING
-            ):
-                self._prepare_standby()
+            if self._standby is not None and self._standby.due():
+                self._standby.prepare()
             if exited(interval):
                 return exit_code_of(trainer.wait())
             if self._stop_deadline is not None and time.monotonic() >= self._stop_deadline:

@@ -163,8 +163,8 @@ class WorkerSpec:
     # Keep a standby interpreter with TensorFlow imported for the next attempt (worker.warm).
     warm_restart: bool = False
     warm_imports: bool = False  # it also imports what the last trainer did (worker.warm_imports)
-    # How long the task's standby keeper waits for the next attempt's agent before it ends.
-    standby_linger: float = 60.0
+    standby_delay: float = 0.0  # seconds of training before the next standby is prepared
+    standby_linger: float = 60.0  # how long the keeper waits for the next attempt's agent
     # After the job: how long a ready standby is kept for this user's next job (same Python
     # and environment), and the most memory this user's kept standbys on a host may hold.
     keep_standbys: float = 0.0

@@ -230,7 +230,8 @@ class Keeper:
             standby.kill()
             return {"ok": False, "reason": "the environment or Python changed"}
         if not standby.ready:
-            return {"ok": False, "reason": "the standby is still importing TensorFlow"}
+            return {"ok": False, "reason": "the standby is still importing TensorFlow",
+                    "importing": True}  # fmt: skip
         order = {k: request[k] for k in ("env", "target", "cwd", "log")}
         try:
             standby.control.sendall(json.dumps(order).encode() + b"\n")

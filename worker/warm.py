@@ -31,6 +31,10 @@ from worker.standby_child import ENV_STANDBY
 STANDBY = str(Path(__file__).resolve().with_name("standby.py"))
 STANDBY_ESTIMATE = 800 << 20  # bytes a standby needs, about (TensorFlow and tf-keras imported)
 REPLY_TIMEOUT = 10.0
+# A standby still importing TensorFlow is waited for this long at most: it is ahead of a cold
+# start, which would import everything again beside it.
+IMPORT_PATIENCE = 30.0
+IMPORT_POLL = 0.2
 
 
 def standby_env(trainer_env: dict[str, str]) -> dict[str, str]:
@@ -165,11 +169,22 @@ class KeeperLink:
                 break
         return {"ok": False, "reason": "the keeper did not answer"}
 
-    def activate(self, order: dict[str, Any]) -> tuple[WarmTrainer | None, str]:
+    def activate(
+        self, order: dict[str, Any], give_up: threading.Event | None = None
+    ) -> tuple[WarmTrainer | None, str]:
         """Have the keeper run this attempt's trainer in its standby: (the trainer, '') or
-        (None, why the start is cold). A pid the keeper names is verified before it becomes a
-        trainer; one that fails the check closes this link (the keeper is not trusted)."""
-        reply = self.request({"op": "activate", **order})
+        (None, why the start is cold). A standby still importing is asked again until it is
+        ready (IMPORT_PATIENCE at most, or until `give_up` is set). A pid the keeper names is
+        verified before it becomes a trainer; one that fails the check closes this link (the
+        keeper is not trusted)."""
+        deadline = time.monotonic() + IMPORT_PATIENCE
+        while True:
+            reply = self.request({"op": "activate", **order})
+            waiting = reply.get("importing") is True and time.monotonic() < deadline
+            if not waiting or (give_up is not None and give_up.wait(IMPORT_POLL)):
+                break
+            if give_up is None:
+                time.sleep(IMPORT_POLL)
         if not reply.get("ok"):
             return None, str(reply.get("reason", "no standby"))[:200]
         pid = reply.get("pid")
@@ -199,6 +214,7 @@ def warm_start(
     order: dict[str, Any],
     on_standby: Callable[[int, int], None],
     keep: bool,
+    give_up: threading.Event | None = None,
 ) -> tuple[WarmTrainer | None, KeeperLink | None, str]:
     """This attempt's trainer from the task's own keeper or, when it has none yet (and `keep`),
     from a standby kept from this user's last job under the same fingerprint: (the trainer,
@@ -217,7 +233,7 @@ def warm_start(
                 return None, None, problem
             why = problem or why
             continue
-        trainer, problem = link.activate(order)
+        trainer, problem = link.activate(order, give_up)
         if trainer is not None:
             return trainer, link, ""
         if path == own:  # the task's keeper: kept to prepare the next attempt's standby

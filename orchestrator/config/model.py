@@ -290,8 +290,7 @@ class RestartSection(_Model):
     # Seconds before the first restart, doubling each time up to backoff_max.
     backoff: Annotated[Seconds, Field(ge=0)] = 1.0
     backoff_max: Annotated[Seconds, Field(ge=0)] = 30.0
-    # Exit codes worth a restart; unset: every non-zero exit. Lost, silent or hung tasks and
-    # unreachable hosts are always worth one.
+    # Exit codes worth a restart; unset: every non-zero exit (lost, hung, unreachable: always).
     retryable_exit_codes: list[int] | None = None
     # A task preempted (SIGTERM) checkpoints and exits with this code; the restart that follows
     # does not count against max_restarts. 42 is TensorFlow's PreemptionCheckpointHandler's.
@@ -304,15 +303,16 @@ class RestartSection(_Model):
     # A host replaced by a spare rests this long before it may serve as a spare itself.
     quarantine: Annotated[Seconds, Field(ge=0)] = 300.0
     # Warm restarts: each task keeps a standby interpreter with TensorFlow imported, and a
-    # restart runs the entrypoint in it (no interpreter start, no import). On Slurm the keepers
-    # run in a step of their own beside the attempts'. Not with entrypoint.instrument = false.
+    # restart runs the entrypoint in it (on Slurm, in a keeper step). Needs instrument = true.
     warm_restart: bool = True
-    # A standby also imports, ahead, the library modules (site-packages, the standard library)
-    # the task's last trainer imported, unless its script changed the environment first.
+    # A task's next standby starts once it has trained this long (or as its trainer exits):
+    # its import would slow the first steps.
+    standby_delay: Annotated[Seconds, Field(ge=0, le=86400)] = 30.0
+    # A standby also imports, ahead, the library modules the task's last trainer imported
+    # (site-packages, the standard library), unless its script changed the environment first.
     warm_imports: bool = True
-    # Warm relaunches: when the job ends, each task's ready standby is kept this long for this
-    # user's next job with the same Python and environment (the edit-run loop); 0: never kept.
-    # Not on Slurm: the allocation ends with the job.
+    # Warm relaunches: each task's standby is kept this long for this user's next job with the
+    # same Python and environment (the edit-run loop); 0: never kept. Not on Slurm.
     keep_standbys: Annotated[Seconds, Field(ge=0)] = 600.0
     # The most memory (MB) this user's kept standbys may hold on one host; past it, not kept.
     keep_standbys_mb: Annotated[int, Field(ge=0, le=1 << 20)] = 4096

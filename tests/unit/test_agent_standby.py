@@ -1,0 +1,85 @@
+"""When an agent asks its keeper for the next attempt's standby (worker.agent_standby): only
+once the trainer has trained `standby_delay` seconds, or as a trainer that trained exits."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from worker import agent_standby
+from worker.agent_standby import AgentStandby
+from worker.spec import Phase, WorkerSpec
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _standby(
+    monkeypatch: pytest.MonkeyPatch, phase: list[Phase], delay: float = 30.0, **spec: object
+) -> tuple[AgentStandby, Clock, threading.Event]:
+    clock = Clock()
+    monkeypatch.setattr(agent_standby.time, "monotonic", clock)
+    fields: dict = {"warm_restart": True, "instrument": True, "standby_delay": delay, **spec}
+    worker_spec = WorkerSpec(job_id="j", task_index=0, host_label="h", tf_config={},
+                             argv=["python", "train.py"], workdir="/", shared_dir="/s",
+                             **fields)  # fmt: skip
+    stop = threading.Event()
+    return AgentStandby(worker_spec, {}, lambda _: None, stop, lambda: phase[0]), clock, stop
+
+
+def test_the_delay_counts_from_the_first_time_the_trainer_is_seen_training(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    phase = [Phase.JOINING]
+    standby, clock, _ = _standby(monkeypatch, phase)
+    clock.now += 100  # a long start: not training yet, so not due
+    assert not standby.due()
+    phase[0] = Phase.TRAINING
+    assert not standby.due()
+    clock.now += 29.9
+    assert not standby.due()
+    clock.now += 0.1
+    assert standby.due()
+
+
+def test_a_trainer_that_trained_gets_its_standby_as_it_exits_even_stopped(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    phase = [Phase.TRAINING]
+    standby, _, stop = _standby(monkeypatch, phase)
+    assert not standby.due()
+    stop.set()
+    assert not standby.due()  # a stop never starts one while the trainer runs
+    phase[0] = Phase.FINISHED
+    assert standby.due(exiting=True)
+
+
+@pytest.mark.parametrize("phase", [Phase.NONE, Phase.IMPORTED, Phase.JOINED])
+def test_a_trainer_that_never_trained_gets_none(
+    monkeypatch: pytest.MonkeyPatch, phase: Phase
+) -> None:
+    standby, clock, _ = _standby(monkeypatch, [phase], delay=0.0)
+    clock.now += 100
+    assert not standby.due() and not standby.due(exiting=True)
+
+
+@pytest.mark.parametrize("spec", [{"warm_restart": False}, {"instrument": False}])
+def test_none_without_warm_restarts_or_the_bootstrap(
+    monkeypatch: pytest.MonkeyPatch, spec: dict
+) -> None:
+    standby, _, _ = _standby(monkeypatch, [Phase.TRAINING], delay=0.0, **spec)
+    assert not standby.due() and not standby.due(exiting=True)
+
+
+def test_asked_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    standby, _, _ = _standby(monkeypatch, [Phase.TRAINING], delay=0.0)
+    monkeypatch.setattr(agent_standby, "prepare_standby", lambda *a: None)
+    assert standby.due()
+    standby.prepare()
+    assert not standby.due() and not standby.due(exiting=True)

@@ -1,0 +1,92 @@
+"""The agent's side of warm restarts (worker/warm.py, worker/standby.py): start this attempt's
+trainer in the task's standby when a keeper holds one, and have the keeper prepare the next
+attempt's once this trainer has trained `standby_delay` seconds, or as a trainer that trained
+exits (for the restart after its failure, or for the user's next job)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+from worker.spec import Phase, WorkerSpec
+from worker.warm import KeeperLink, WarmTrainer, fingerprint, prepare_standby, undone_reason
+from worker.warm import warm_start as start_in_standby
+
+
+class AgentStandby:
+    def __init__(
+        self,
+        spec: WorkerSpec,
+        env: dict[str, str],
+        note: Callable[[str], None],
+        stop: threading.Event,
+        phase: Callable[[], Phase],
+    ) -> None:
+        self.spec = spec
+        self.env = env  # the trainer's
+        self._note = note
+        self._stop = stop
+        self._phase = phase
+        self.keeper: KeeperLink | None = None
+        self._asked = False
+        self._training_since: float | None = None  # when the trainer was first seen training
+
+    @property
+    def _enabled(self) -> bool:
+        return self.spec.warm_restart and self.spec.instrument
+
+    def warm_start(self, log_path: str) -> WarmTrainer | None:
+        """This attempt's trainer from the task's standby, when a keeper has a matching one
+        (ready, or soon); None: start cold (and say why, when a keeper was there)."""
+        spec = self.spec
+        task_dir = spec.layout.task_dir(spec.task_index)
+        undone = undone_reason(str(task_dir))
+        if undone:
+            self._note(f"cold start: {undone}")
+        if not self._enabled or undone:
+            return None
+        python, *target = spec.argv
+        order = {"fingerprint": fingerprint(self.env, python, spec.env), "env": self.env,
+                 "target": target, "cwd": spec.workdir, "log": log_path,
+                 "job_id": spec.job_id, "task_index": spec.task_index,
+                 "linger": spec.standby_linger, "keep": spec.keep_standbys,
+                 "keep_bytes": spec.keep_standbys_bytes,
+                 "standby_log": str(task_dir / "standby.log")}  # fmt: skip
+        keep = spec.keep_standbys > 0
+        trainer, self.keeper, problem = start_in_standby(
+            spec.job_id, spec.task_index, order, self.ready, keep, self._stop
+        )
+        if trainer is None:
+            if problem:
+                self._note(f"cold start: {problem}")
+            return None
+        self._note(f"warm start: the standby (pid {trainer.pid}) runs the entrypoint")
+        return trainer
+
+    def due(self, exiting: bool = False) -> bool:
+        """Whether to have the keeper prepare the next attempt's standby now: once the trainer
+        has trained `standby_delay` seconds (a standby importing TensorFlow beside the first
+        steps slows them on a host without cores to spare), or as a trainer that trained
+        exits."""
+        if not self._enabled or self._asked:
+            return False
+        if self._training_since is None:
+            if self._phase() not in (Phase.TRAINING, Phase.FINISHED):
+                return False
+            self._training_since = time.monotonic()
+        if exiting:
+            return True
+        trained = time.monotonic() - self._training_since
+        return not self._stop.is_set() and trained >= self.spec.standby_delay
+
+    def prepare(self) -> None:
+        self._asked = True
+        self.keeper = prepare_standby(self.spec, self.env, self.keeper, self._note, self.ready)
+
+    def ready(self, pid: int, rss: int) -> None:
+        self._note(f"warm standby ready for a restart: pid {pid}, RSS {rss >> 20} MB")
+
+    def close(self) -> None:
+        if self.keeper is not None:
+            self.keeper.close()
