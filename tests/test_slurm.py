@@ -173,7 +173,8 @@ def test_a_killed_trainer_restarts_the_group_as_a_new_step_of_the_same_allocatio
     running: Any = wait_for(lambda: tasks_at_epoch(cli, job_id, 2), 120, interval=0.3)
     slurm_job = running["slurm_job"]
     logs = [tmp_path / "shared" / job_id / "logs" / f"worker-{i}.log" for i in range(3)]
-    # Each task's keeper, in the job's keeper step, readies a standby while attempt 0 trains.
+    # Each task's keeper, in the job's keeper step, readies a standby while attempt 0 trains
+    # (standby_delay = 0: as training begins).
     wait_for(lambda: all("warm standby ready" in log.read_text() for log in logs), 120)
     running = job_view(cli, job_id)
     victim = next(t for t in running["tasks"] if t["index"] == 1)
