@@ -23,9 +23,7 @@ BENCH_AB = REPO / "scripts" / "bench_ab.py"
 FAKE = REPO / "tests" / "fixtures" / "fake_trainer.py"
 PY = sys.executable
 SURVIVOR_CAP = 90.0  # seconds: a survivor still hung then is a failed round
-# More of every benchmark job's [restart]: the quick run (the tests') starts standbys sooner
-# than the default standby_delay, which only makes its warm rows wait.
-RESTART_EXTRA = ""
+RESTART_EXTRA = ""  # more of every job's [restart]: the quick run's shorter standby_delay
 
 
 def free_ports(count: int) -> list[int]:
@@ -329,8 +327,7 @@ def _rss_mb(pid: int) -> float:
 
 def kill_and_resume(root: Path, home: Path, warm: bool) -> dict[str, float]:
     no_kept_standbys()
-    # Far more epochs than the measurement lasts (it stops the job): with warm restarts the
-    # standbys start once the trainers have trained [restart] standby_delay.
+    # Epochs past the standby_delay and the measurement (which stops the job).
     config = local_config(root, 1000, extra=f"warm_restart = {'true' if warm else 'false'}")
     env = orch_env(home)
     out = subprocess.run([PY, "-m", "orchestrator", "launch", "--detach", str(config)],

@@ -163,9 +163,7 @@ class Agent:
             if self._stop_requested.is_set():  # a stop arrived while we were starting
                 self._forward_stop()
             code = self._supervise(self._trainer)
-            # Before its delay: for the restart after this trainer's failure, or the next job.
-            failed = code != 0 and not self._stop_requested.is_set()
-            if (failed or spec.keep_standbys > 0) and standby.due(exiting=True):
+            if standby.due(exit_code=code):
                 standby.prepare()
             state = self._final_state(code)
             _note(log, f"trainer exited with code {code} ({state})")

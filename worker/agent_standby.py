@@ -64,18 +64,23 @@ class AgentStandby:
         self._note(f"warm start: the standby (pid {trainer.pid}) runs the entrypoint")
         return trainer
 
-    def due(self, exiting: bool = False) -> bool:
+    def due(self, exit_code: int | None = None) -> bool:
         """Whether to have the keeper prepare the next attempt's standby now: once the trainer
         has trained `standby_delay` seconds (a standby importing TensorFlow beside the first
-        steps slows them on a host without cores to spare), or as a trainer that trained
-        exits."""
+        steps slows them on a host without cores to spare), or, given its `exit_code`, as a
+        trainer that trained exits: after its own failure (for the restart), or at any end
+        while standbys are kept for the user's next job."""
         if not self._enabled or self._asked:
             return False
+        if exit_code is not None:
+            failed = exit_code != 0 and not self._stop.is_set()
+            if not (failed or self.spec.keep_standbys > 0):
+                return False
         if self._training_since is None:
             if self._phase() not in (Phase.TRAINING, Phase.FINISHED):
                 return False
             self._training_since = time.monotonic()
-        if exiting:
+        if exit_code is not None:
             return True
         trained = time.monotonic() - self._training_since
         return not self._stop.is_set() and trained >= self.spec.standby_delay

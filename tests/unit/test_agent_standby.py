@@ -52,12 +52,12 @@ def test_a_trainer_that_trained_gets_its_standby_as_it_exits_even_stopped(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     phase = [Phase.TRAINING]
-    standby, _, stop = _standby(monkeypatch, phase)
+    standby, _, stop = _standby(monkeypatch, phase, keep_standbys=600.0)
     assert not standby.due()
     stop.set()
     assert not standby.due()  # a stop never starts one while the trainer runs
     phase[0] = Phase.FINISHED
-    assert standby.due(exiting=True)
+    assert standby.due(exit_code=143)
 
 
 @pytest.mark.parametrize("phase", [Phase.NONE, Phase.IMPORTED, Phase.JOINED])
@@ -66,7 +66,7 @@ def test_a_trainer_that_never_trained_gets_none(
 ) -> None:
     standby, clock, _ = _standby(monkeypatch, [phase], delay=0.0)
     clock.now += 100
-    assert not standby.due() and not standby.due(exiting=True)
+    assert not standby.due() and not standby.due(exit_code=1)
 
 
 @pytest.mark.parametrize("spec", [{"warm_restart": False}, {"instrument": False}])
@@ -74,7 +74,7 @@ def test_none_without_warm_restarts_or_the_bootstrap(
     monkeypatch: pytest.MonkeyPatch, spec: dict
 ) -> None:
     standby, _, _ = _standby(monkeypatch, [Phase.TRAINING], delay=0.0, **spec)
-    assert not standby.due() and not standby.due(exiting=True)
+    assert not standby.due() and not standby.due(exit_code=1)
 
 
 def test_asked_once(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -82,4 +82,23 @@ def test_asked_once(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(agent_standby, "prepare_standby", lambda *a: None)
     assert standby.due()
     standby.prepare()
-    assert not standby.due() and not standby.due(exiting=True)
+    assert not standby.due() and not standby.due(exit_code=1)
+
+
+@pytest.mark.parametrize(
+    ("code", "stopped", "keep", "due"),
+    [
+        (1, False, 0.0, True),  # its own failure: the restart takes it
+        (0, False, 0.0, False),  # succeeded, nothing kept: no next attempt, no next job
+        (143, True, 0.0, False),  # stopped, nothing kept
+        (0, False, 600.0, True),  # kept for the user's next job
+        (143, True, 600.0, True),
+    ],
+)
+def test_at_its_exit_only_for_a_restart_after_its_failure_or_for_keeping(
+    monkeypatch: pytest.MonkeyPatch, code: int, stopped: bool, keep: float, due: bool
+) -> None:
+    standby, _, stop = _standby(monkeypatch, [Phase.TRAINING], keep_standbys=keep)
+    if stopped:
+        stop.set()
+    assert standby.due(exit_code=code) is due
