@@ -5,8 +5,8 @@ classes only once that script has imported its Keras.
 
 - progress: epoch, step, loss, steps/s, and fit's totals, to the agent (read off the training
   thread from fit's step counter: no batch hook, no device sync per step);
-- preemption: SIGTERM ends training at the next epoch boundary, after that epoch's
-  BackupAndRestore checkpoint, on every worker at once, with the preemption exit code.
+- preemption: SIGTERM ends training at an epoch boundary (within about AGREEMENT_PERIOD), after
+  that epoch's BackupAndRestore checkpoint, on every worker at once, with the preemption exit code.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from typing import Any
 
 from worker.progress import ProgressWriter, StepRate, read_counter
@@ -218,12 +219,30 @@ def _is_number(value: Any) -> bool:
     return True
 
 
+AGREEMENT_PERIOD = 2.0  # seconds: how often, at most, the workers agree on a SIGTERM
+
+
+def epochs_until_next_agreement(seconds_summed: float, replicas: int, epochs: int) -> int:
+    """Epochs to train before the workers next agree whether one was signalled: as many as fit
+    in AGREEMENT_PERIOD at the pace since the last agreement (`seconds_summed` over `replicas`
+    replicas and `epochs` epochs, all-reduced: every worker computes the same number). At
+    least 1: epochs longer than the period agree at each boundary."""
+    if replicas <= 0 or epochs <= 0 or not seconds_summed > 0:
+        return 1
+    per_epoch = seconds_summed / replicas / epochs
+    return max(1, min(1000, int(AGREEMENT_PERIOD // per_epoch)))
+
+
 class _PreemptionMixin:
-    """SIGTERM (a preempting scheduler, or `orchestrate stop`) ends training at the next epoch
+    """SIGTERM (a preempting scheduler, or `orchestrate stop`) ends training at an epoch
     boundary, after that epoch's BackupAndRestore checkpoint, on every worker at once, with the
     preemption exit code: orchestrate restarts the group without counting it.
 
-    The workers agree with one all-reduce per epoch (the signal may reach only one of them).
+    The workers agree with one all-reduce (the signal may reach only one of them): at every
+    epoch boundary when epochs are long, every AGREEMENT_PERIOD seconds or so when they are
+    short (an all-reduce costs milliseconds: at each of many short epochs, a few % of
+    throughput), and always at the last one. The all-reduce carries the pace too, so every
+    worker picks the same next boundary from the same numbers; no clock is compared.
     TensorFlow's own PreemptionCheckpointHandler is enabled by tf-keras on GCP only, hence this.
     A SIGTERM handler the script installed itself is left alone (and then this does nothing).
     """
@@ -244,25 +263,50 @@ class _PreemptionMixin:
         if threading.current_thread() is threading.main_thread() and not callable(self._previous):
             signal.signal(signal.SIGTERM, self._on_sigterm)
             self._installed = True
+        self._replicas = int(getattr(strategy, "num_replicas_in_sync", 1) or 1)
+        self._since = time.monotonic()  # this worker's own clock, for durations only
+        self._epochs_since = 0  # epochs ended since the last agreement
+        self._due_in = 1  # epochs from the last agreement to the next
 
         @tf.function
-        def count_signalled(flag: Any) -> Any:
-            per_replica = strategy.run(lambda: tf.identity(flag))
+        def agree(mine: Any) -> Any:
+            per_replica = strategy.run(lambda: tf.identity(mine))
             return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
 
-        self._count_signalled = count_signalled
+        self._agree = agree
 
     def _on_sigterm(self, signum: int, frame: Any) -> None:
         self._signalled = True
 
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+        self._since, self._epochs_since, self._due_in = time.monotonic(), 0, 1
+
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
-        flag = self._tf.constant(1.0 if self._signalled else 0.0)
-        if float(self._count_signalled(flag)) > 0:
+        self._epochs_since += 1
+        params = getattr(self, "params", None) or {}
+        last = epoch + 1 >= int(params.get("epochs") or 0) or bool(
+            getattr(getattr(self, "model", None), "stop_training", False)
+        )
+        # The last epoch always agrees: BackupAndRestore deletes its checkpoint as fit ends.
+        if last or self._epochs_since >= self._due_in:
+            self._agreement(epoch)
+
+    def _agreement(self, epoch: int) -> None:
+        """One all-reduce of (signalled, seconds since the last one); exits when any worker
+        was signalled, else sets the next boundary."""
+        elapsed = time.monotonic() - self._since
+        mine = self._tf.constant([1.0 if self._signalled else 0.0, elapsed], dtype="float32")
+        signalled, seconds_summed = (float(v) for v in self._agree(mine).numpy())
+        if signalled > 0:
             print(f"preempted: checkpointed epoch {epoch + 1}, exiting with "
                   f"{self.exit_code} for a restart", flush=True)  # fmt: skip
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(self.exit_code)  # not SystemExit: TensorFlow's threads would hold exit
+        self._due_in = epochs_until_next_agreement(
+            seconds_summed, self._replicas, self._epochs_since
+        )
+        self._since, self._epochs_since = time.monotonic(), 0
 
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
         # Past fit, SIGTERM does what it did before (a handler set in C cannot be put back:
