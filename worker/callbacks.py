@@ -18,7 +18,7 @@ import threading
 import time
 from typing import Any
 
-from worker.progress import ProgressWriter, StepRate, read_counter
+from worker.progress import ProgressWriter, StepRate, fit_step_counter, read_counter
 from worker.spec import ENV_PREEMPTION_EXIT_CODE, Phase, StepSignal
 
 DEFAULT_PREEMPTION_EXIT_CODE = 42  # restart.preemption_exit_code's default
@@ -89,7 +89,7 @@ class _ProgressMixin:
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         params = getattr(self, "params", None) or {}
-        self._counter = _step_counter(getattr(self, "model", None))
+        self._counter = fit_step_counter(getattr(self, "model", None))
         self._base = read_counter(self._counter) or 0
         self.writer.update(
             force=True,
@@ -177,15 +177,6 @@ class _ProgressMixin:
                 steps_per_sec=self._rate.current(),
                 **extra,
             )
-
-
-def _step_counter(model: Any) -> Any:
-    """The variable fit counts its steps in: tf-keras's train counter (reset by each fit),
-    else the optimizer's iterations (Keras 3). None: nothing to read."""
-    counter = getattr(model, "_train_counter", None)
-    if counter is None:
-        counter = getattr(getattr(model, "optimizer", None), "iterations", None)
-    return counter
 
 
 def _local_running_loss(model: Any) -> float | None:

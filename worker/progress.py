@@ -81,6 +81,15 @@ class ProgressWriter:
         self.update(force=True, phase=phase)
 
 
+def fit_step_counter(model: Any) -> Any:
+    """The variable fit counts its steps in: tf-keras's train counter (reset by each fit),
+    else the optimizer's iterations (Keras 3). None: nothing to read."""
+    counter = getattr(model, "_train_counter", None)
+    if counter is None:
+        counter = getattr(getattr(model, "optimizer", None), "iterations", None)
+    return counter
+
+
 def read_counter(variable: Any) -> int | None:
     """A step counter's value here (fit's train counter, an optimizer's iterations; a mirrored
     one's own copy: no collective); None while it cannot be read (not built yet, torn down)."""
