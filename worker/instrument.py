@@ -5,7 +5,8 @@ Post-import hooks (a finder on sys.meta_path that runs a function right after a 
 loaded) wait for the script's own imports:
 
 - `tensorflow` loaded: phase IMPORTED; MultiWorkerMirroredStrategy's constructor reports
-  JOINING before the rendezvous and JOINED after it; the wait clock (worker.wait_clock) times
+  JOINING before the rendezvous and JOINED after it, and a task connects to the coordination
+  leader once it listens (worker.leader_wait); the wait clock (worker.wait_clock) times
   collectives and input, its totals written with the progress;
 - `tf_keras` or `keras` loaded: `Model.fit` gains the progress callback (and, when the script's
   own BackupAndRestore is among its callbacks, the preemption callback); every optimizer made
@@ -31,7 +32,7 @@ from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
-from worker import wait_clock
+from worker import leader_wait, wait_clock
 from worker.callbacks import (
     PREEMPTION_MARK,
     PROGRESS_MARK,
@@ -154,6 +155,10 @@ class Instrumentation:
                 self.writer.counters = wait_clock.install(tf).seconds
             except Exception as exc:  # another TensorFlow's internals: no wait shares
                 _warn("waits for peers and input", exc)
+        try:
+            leader_wait.install(tf)
+        except Exception as exc:  # another TensorFlow's internals: it connects as it would
+            _warn("waiting for the coordination leader", exc)
         if self.writer.current.phase in (Phase.NONE, Phase.STARTING):
             self.writer.phase(Phase.IMPORTED)
         strategy_class = tf.distribute.MultiWorkerMirroredStrategy

@@ -25,6 +25,7 @@ from typing import Any
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
 from worker import callbacks as _callbacks
+from worker import leader_wait
 from worker import progress as _progress
 from worker.spec import (
     ENV_STRATEGY,
@@ -103,6 +104,7 @@ def make_strategy(
         return tf.distribute.TPUStrategy(resolver)
     if "TF_CONFIG" in os.environ and ctx.num_workers >= 1:
         report_phase(ctx, Phase.JOINING)  # blocks here until every peer has connected
+        leader_wait.install(tf)  # without the bootstrap too
         strategy = tf.distribute.MultiWorkerMirroredStrategy()
         report_phase(ctx, Phase.JOINED)
         return strategy
