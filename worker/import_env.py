@@ -41,7 +41,9 @@ READ_LATER = frozenset({"TF_CONFIG", "TF_FORCE_GPU_ALLOW_GROWTH", "TF_GPU_ALLOCA
                         "TF_NUM_INTEROP_THREADS", "TF_NUM_INTRAOP_THREADS"})  # fmt: skip
 WATCHED = frozenset({"tensorflow", "tf_keras", "keras"})
 # Our own modules that import TensorFlow for the instrumentation (not for the script).
-OURS = frozenset({"worker.instrument", "worker.wait_clock", "worker.callbacks"})
+OURS = frozenset(
+    {"worker.instrument", "worker.wait_clock", "worker.callbacks", "worker.leader_wait"}
+)
 UNDONE_FILE = "warm-undone"
 ENV_UNDONE = "ORCHESTRATE_WARM_UNDONE"  # set in the cold start that follows: what changed
 

@@ -131,3 +131,28 @@ def test_with_libraries_imported_ahead_the_script_setting_a_variable_counts_unti
     assert builtins.__import__.__name__ == "__import__"
     _import_from("__main__", monkeypatch)
     assert calls == []
+
+
+def test_every_module_of_ours_the_instrumentation_imports_tensorflow_through_is_excused() -> None:
+    """The watch compares the environment at the first import of TensorFlow that is not
+    TensorFlow's own or ours: a module of ours missing from OURS would use up that one look
+    before the script runs, and a script that sets TF_ENABLE_ONEDNN_OPTS would go on warm."""
+    import ast
+
+    from tests.conftest import REPO
+
+    def imports(name: str) -> set[str]:
+        tree = ast.parse((REPO / (name.replace(".", "/") + ".py")).read_text())
+        found = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                found |= {f"{node.module}.{a.name}" for a in node.names} | {node.module}
+            elif isinstance(node, ast.Import):
+                found |= {a.name for a in node.names}
+        return found
+
+    direct = {m for m in imports("worker.instrument") if m.startswith("worker.")}
+    ours = {m for m in direct if (REPO / (m.replace(".", "/") + ".py")).exists()}
+    importing_tf = {m for m in ours if any(i.split(".")[0] == "tensorflow" for i in imports(m))}
+    assert "worker.leader_wait" in importing_tf  # the check sees lazy imports
+    assert importing_tf <= import_env.OURS, importing_tf - import_env.OURS
