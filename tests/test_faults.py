@@ -163,7 +163,9 @@ def test_failures_beyond_max_restarts_fail_the_job_with_its_cause(
 def test_preemption_checkpoints_and_restarts_without_counting(
     tmp_path: Path, cli: Callable[..., CliResult], reap_pids: list[int]
 ) -> None:
-    path = fault_config(tmp_path, 10, restart="max_restarts = 0")
+    # 40 short epochs: the workers agree on a SIGTERM within about 2 s of epochs (worker/
+    # callbacks.py), well before the last one, so the restart resumes mid-training.
+    path = fault_config(tmp_path, 40, restart="max_restarts = 0")
     job_id = launch_detached(cli, path, reap_pids)
     running = wait_for_epoch(cli, job_id, 4, reap_pids)
     os.kill(running["tasks"][1]["pid"], signal.SIGTERM)  # what a preempting scheduler sends
