@@ -220,7 +220,24 @@ def run_meta(command: str, started: float, quick: bool) -> dict[str, object]:
         "machine": f"{os.cpu_count()} cores, {platform.machine()}, "
         f"Python {platform.python_version()}",
         "wall_seconds": round(time.time() - started, 1),
+        "bytecode": bytecode_state(),
     }
+
+
+def bytecode_state() -> str:
+    """Whether the installed libraries start from bytecode: without it (no compile at install
+    and PYTHONDONTWRITEBYTECODE set) every start compiles them from source again, the trainers'
+    TensorFlow included, and the figures are not what an installed machine gives."""
+    import importlib.util
+    import sys
+
+    import pydantic
+
+    if Path(importlib.util.cache_from_source(pydantic.__file__)).exists():
+        return "present"
+    if not sys.dont_write_bytecode:
+        return "written by Python at first use"
+    return "none: every start compiles the libraries from source"
 
 
 def write_results(out: Path, rows: list[Row], meta: dict[str, object], readme: Path | None) -> str:

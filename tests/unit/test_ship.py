@@ -3,7 +3,11 @@ in a directory of ours alone (tests/test_shipping.py has those with processes)."
 
 from __future__ import annotations
 
+import importlib.util
 import io
+import os
+import subprocess
+import sys
 import tarfile
 import threading
 import zlib
@@ -65,6 +69,19 @@ def test_install_puts_a_private_copy_in_place_and_finds_it_again(tmp_path: Path)
         assert oct(directory.stat().st_mode & 0o777) == "0o700", directory
     assert ship.installed(str(root), digest) == str(copy)
     assert [p.name for p in root.iterdir()] == [copy.name]  # no staging left
+
+
+def test_the_copy_has_its_bytecode_so_no_start_compiles_it_again(tmp_path: Path) -> None:
+    """Python loads a copy's modules from what the install compiled, even where it may write
+    no cache of its own (PYTHONDONTWRITEBYTECODE, as CI machines often set)."""
+    copy = Path(ship.install(str(tmp_path), ship.digest_of(FILES), ship.pack(FILES)))
+    program = "import sys; sys.dont_write_bytecode = True; import worker.sub.mod as m; print(m.__cached__)"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPYCACHEPREFIX"}
+    out = subprocess.run([sys.executable, "-c", program], cwd=copy, env=env, capture_output=True,
+                         text=True, check=True).stdout.strip()  # fmt: skip
+    cached = Path(out)
+    assert cached.parent == copy / "worker" / "sub" / "__pycache__" and cached.exists()
+    assert importlib.util.source_from_cache(str(cached)) == str(copy / "worker" / "sub" / "mod.py")
 
 
 def test_a_payload_that_is_not_its_digest_installs_nothing(tmp_path: Path) -> None:
