@@ -259,7 +259,7 @@ def run_suite(quick: bool) -> list[Row]:
         print("P10/P11 losing a host on the SSH test bed ...", flush=True)
         host_loss_rows(root, 1 if quick else 2, rows["P10"], rows["P11"])
         print("P12/P13 the Slurm test bed ...", flush=True)
-        slurm_rows(root, 1 if quick else 2, rows["P12"], rows["P13"])
+        slurm_rows(root, 1 if quick else 3, rows["P12"], rows["P13"])
         print("P5/P14 restarts, cold and warm, each beside a cold start by hand ...", flush=True)
         cold_restarts = restart_rows(root, home, repeat, rows["P5"], rows["P14"], rows["P14b"])
         rows["P4"].values = [run["seen"] for run in cold_restarts]

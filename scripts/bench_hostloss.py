@@ -128,17 +128,23 @@ def orchestrated_link_down(bed: tb.Testbed, root: Path, home: Path, spare: bool)
     assert out.returncode == 0, out.stdout + out.stderr
     job_id = out.stdout.split()[1]
     victim = bed.hosts[1 if spare else 2]
+    tasks = len(job_json(home, job_id)["tasks"])  # two beside a spare, else three
+    logs = [root / f"shared-{name}" / job_id / "logs" / f"worker-{i}.log" for i in range(tasks)]
     try:
-        wait(lambda: all(t["epoch"] >= 2 for t in job_json(home, job_id)["tasks"]), 240, 0.3)
+        wait(lambda: all(epochs_done(log) >= 2 for log in logs), 240, 0.3)
+        before = [epochs_done(log) for log in logs]
         link(victim, "down")
         cut = time.time()
+        # The times are the supervisor's own records (its failure event, its first step on the
+        # spare), read back once they exist; `orchestrate status` is not polled often while
+        # they are made, as each call is a Python start taking CPU from the job it times.
         if not spare:
 
             def stopping() -> list[float]:
                 events = job_json(home, job_id)["events"]
                 return [e["ts"] for e in events if e["kind"] == "failure"]
 
-            failure = wait(stopping, 120, 0.2)
+            failure = wait(stopping, 120, 1.0)
             return failure[0] - cut  # type: ignore[index]
 
         def resumed() -> float | None:
@@ -146,7 +152,10 @@ def orchestrated_link_down(bed: tb.Testbed, root: Path, home: Path, spare: bool)
             on_spare = [t for t in job["tasks"] if t["host"] == "h2" and t["first_step_at"]]
             return on_spare[0]["first_step_at"] if on_spare else None
 
-        return float(wait(resumed, 240, 0.2)) - cut  # type: ignore[arg-type]
+        # Every task two epochs further: the attempt on the spare has trained.
+        further = list(zip(logs, [seen + 2 for seen in before], strict=True))
+        wait(lambda: all(epochs_done(log) >= n for log, n in further), 240, 0.2)
+        return float(wait(resumed, 60, 0.5)) - cut  # type: ignore[arg-type]
     finally:
         link(victim, "up")
         orchestrate(home, "stop", job_id)

@@ -355,7 +355,10 @@ def kill_and_resume(root: Path, home: Path, warm: bool) -> dict[str, float]:
         ok = all(t["attempt"] == 1 and t["first_step_at"] for t in job["tasks"])
         return job if ok else None
 
-    job = wait(resumed, 240)
+    # Waited out on the logs (each attempt's trainer prints its first step), not by polling
+    # `orchestrate status`: a Python start every 0.1 s would take CPU from the restart it times.
+    wait(lambda: all(p.read_text().count("BENCH first_step ") >= 2 for p in logs), 240, 0.05)
+    job = wait(resumed, 60, 0.5)
     events = {e["kind"]: e["ts"] for e in job["events"]}  # type: ignore[index]
     first = max(
         float(line.split()[2])
