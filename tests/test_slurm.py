@@ -31,6 +31,7 @@ from tests.conftest import (
     wait_for,
     wait_for_end,
 )
+from worker import keepers
 
 sys.path.insert(0, str(REPO / "scripts"))
 import slurmbed
@@ -137,6 +138,10 @@ def events(cli: Callable[..., CliResult], job_id: str) -> str:
 
 def no_leftovers(job_id: str) -> None:
     wait_for(lambda: not job_processes(job_id), 20)
+    # Each keeper removed its socket as it ended: one killed instead leaves it behind, in every
+    # node's /tmp, for every job.
+    left = [n for n in os.listdir(keepers.directory()) if n.startswith(f"{job_id}-")]
+    assert not left, left
 
 
 def test_a_three_node_job_trains_to_the_end_and_its_allocation_completes(
@@ -210,6 +215,7 @@ def test_stop_cancels_the_allocation_and_leaves_nothing_on_any_node(
     assert all(t["state"] == "stopped" for t in job["tasks"]), job["tasks"]
     assert slurm_state(running["slurm_job"]) == "CANCELLED"
     assert not job_processes(job_id)  # nothing of the job on any node (one PID namespace here)
+    no_leftovers(job_id)
 
 
 def test_stop_without_a_supervisor_is_scancel(

@@ -181,13 +181,10 @@ def _compile(folder: str) -> None:
     """Bytecode for the copy, as pip makes at install: where Python may not write its caches
     (PYTHONDONTWRITEBYTECODE) every agent and trainer would compile the package from source
     again, 25 ms of an agent's start. Best effort: the sources stay the truth."""
-    import py_compile
+    import compileall
 
-    for directory, _, names in os.walk(folder):
-        for name in names:
-            if name.endswith(".py"):
-                with contextlib.suppress(Exception):  # a Python too old for it: from source
-                    py_compile.compile(os.path.join(directory, name), doraise=True)
+    with contextlib.suppress(Exception):  # a Python too old for it: from source
+        compileall.compile_dir(folder, quiet=2)
 
 
 def find(digest: str) -> str | None:

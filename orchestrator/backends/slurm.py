@@ -32,6 +32,7 @@ from orchestrator.backends.slurm_allocation import (
     submit,
 )
 from orchestrator.backends.slurm_commands import (
+    KEEPER_STEP_NAME,
     SlurmState,
     keeper_srun_argv,
     literal_for_pattern,
@@ -183,8 +184,13 @@ class SlurmHosts:
         self.keepers = Step(self.allocation, proc)
 
     def stop_keepers(self) -> None:
-        """SIGTERM to srun, which passes it to every keeper: each ends its standby, then exits."""
+        """SIGTERM to every keeper (scancel --signal=TERM of the step): each ends its standby,
+        removes its socket, then exits. Not through srun: srun turns a SIGTERM of its own into
+        SIGKILL for every task, which would leave the keepers' sockets behind."""
         if self.keepers is not None:
+            if self.allocation is not None and not self.keepers.step_id:
+                with contextlib.suppress(OrchestrateError):
+                    self.keepers.step_id = self.allocation.step_named(KEEPER_STEP_NAME)
             self.keepers.stop(KEEPERS_STOP_GRACE)
             self.keepers = None
 

@@ -102,6 +102,15 @@ class Allocation:
         out = run_slurm(["squeue", "-h", "-s", "-j", self.id, "-o", "%i"])
         return set(out.stdout.split()) if out.returncode == 0 else set()
 
+    def step_named(self, name: str) -> str:
+        """The id of this job's running step named `name` ("" when none)."""
+        out = run_slurm(["squeue", "-h", "-s", "-j", self.id, "-o", "%i %j"])
+        for line in out.stdout.splitlines() if out.returncode == 0 else ():
+            step, _, step_name = line.strip().partition(" ")
+            if step_name == name and step.startswith(f"{self.id}."):
+                return step.removeprefix(f"{self.id}.")
+        return ""
+
     def requeue(self) -> None:
         out = run_slurm(["scontrol", "requeue", self.id])
         if out.returncode != 0:

@@ -206,6 +206,9 @@ def srun_argv(
     ]
 
 
+KEEPER_STEP_NAME = "keepers"  # the keeper step, found by name in squeue to signal its tasks
+
+
 def keeper_srun_argv(
     config: ClusterConfig, allocation: str, logs: str, program: Sequence[str], job_root: str
 ) -> list[str]:
@@ -217,7 +220,7 @@ def keeper_srun_argv(
     return [
         "srun",
         f"--jobid={allocation}",
-        "--job-name=keepers",
+        f"--job-name={KEEPER_STEP_NAME}",
         f"--nodes={backend.nodes}",
         f"--ntasks={backend.nodes * backend.tasks_per_node}",
         f"--ntasks-per-node={backend.tasks_per_node}",

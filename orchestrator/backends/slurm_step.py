@@ -89,7 +89,7 @@ class Step:
         if self.step_id:
             run_slurm(["scancel", "--signal=TERM", self.name])
         elif self.proc is not None:
-            self.proc.terminate()  # srun forwards SIGTERM to every task
+            self.proc.terminate()  # before the step id is known: srun ends the step
         if self.wait(grace):
             return True
         if self.step_id:
