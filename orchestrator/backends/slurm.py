@@ -28,6 +28,7 @@ from orchestrator.backends.slurm_allocation import (
     RELEASE_WAIT,
     Allocation,
     AllocationEnded,
+    batch_output,
     one_line,
     submit,
 )
@@ -293,7 +294,7 @@ class SlurmHosts:
             if text != said:
                 say(text)
                 said = text
-            if stop_requested.wait(pause):
+            if _wait_or_start(stop_requested, pause, batch_output(layout, allocation.id)):
                 return False
             if time.monotonic() - waiting_since > QUEUE_POLL_EAGER:
                 pause = min(pause * 1.5, QUEUE_POLL[1])
@@ -367,3 +368,26 @@ class SlurmHosts:
         with contextlib.suppress(OSError, ValueError, KeyError):
             step = json.loads((Path(layout.root) / "slurm" / "step.json").read_text())["step"]
             self.step = Step(self.allocation, None, str(step))
+
+
+def _wait_or_start(stop_requested: threading.Event, pause: float, output: Path) -> bool:
+    """Wait `pause` seconds between two squeue, or less once the batch script has begun:
+    Slurm creates its output file as the allocation starts (a file's stat every 50 ms costs
+    nothing; squeue is an RPC to slurmctld). Only a hint: the next squeue decides (a requeued
+    job's file is there already). True: a stop was requested."""
+    before = _stamp(output)
+    deadline = time.monotonic() + pause
+    while (left := deadline - time.monotonic()) > 0:
+        if stop_requested.wait(min(left, 0.05)):
+            return True
+        if _stamp(output) != before:
+            return False
+    return False
+
+
+def _stamp(path: Path) -> tuple[int, int] | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_ino, st.st_mtime_ns

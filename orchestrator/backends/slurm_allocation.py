@@ -157,11 +157,17 @@ def check_submission(config: ClusterConfig, source: str) -> None:
         raise ConfigError(f"{source}: {refusal_key(reason)}: Slurm refuses the job: {reason}")
 
 
+def batch_output(layout: JobLayout, slurm_job: str) -> Path:
+    """Where the batch script's output goes (sbatch --output, unless the user's sbatch_args
+    say otherwise)."""
+    return Path(layout.root) / "slurm" / f"batch-{slurm_job}.out"
+
+
 def submit(config: ClusterConfig, job_id: str, layout: JobLayout) -> Allocation:
     """Submit the allocation; its batch output and release file live in the job's directory."""
     slurm_dir = Path(layout.root) / "slurm"
     slurm_dir.mkdir(parents=True, exist_ok=True)
-    output = literal_for_pattern(str(slurm_dir)) + "/batch-%j.out"
+    output = literal_for_pattern(str(slurm_dir)) + "/batch-%j.out"  # batch_output()
     release = str(slurm_dir / "release")
     out = run_slurm(sbatch_argv(config, job_id, output, release))
     slurm_job = out.stdout.strip().split(";")[0]
