@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "scripts"))
 
 import testbed as tb  # noqa: E402
-from bench_measure import no_kept_standbys, wait  # noqa: E402
+from bench_measure import epochs_logged, no_kept_standbys, wait, wait_epochs_past  # noqa: E402
 from bench_rows import Row, run_meta, write_results  # noqa: E402
 
 PY = sys.executable
@@ -40,13 +40,6 @@ RAW_CAP = 120.0  # seconds: a survivor still hung then is a failed round, not a 
 
 def link(host: tb.TestHost, state: str) -> None:
     subprocess.run(["ip", "link", "set", host.veth, state], check=True)
-
-
-def epochs_done(log: Path) -> int:
-    try:
-        return log.read_text(errors="replace").count("BENCH epoch")
-    except OSError:
-        return 0
 
 
 def raw_link_down(bed: tb.Testbed, root: Path) -> float | None:
@@ -69,7 +62,7 @@ def raw_link_down(bed: tb.Testbed, root: Path) -> float | None:
         with open(logs[i], "wb") as log:
             procs.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env))
     try:
-        wait(lambda: all(epochs_done(log) >= 2 for log in logs), 180)
+        wait(lambda: all(epochs_logged(log) >= 2 for log in logs), 180)
         link(hosts[2], "down")
         cut = time.time()
         try:
@@ -131,8 +124,8 @@ def orchestrated_link_down(bed: tb.Testbed, root: Path, home: Path, spare: bool)
     tasks = len(job_json(home, job_id)["tasks"])  # two beside a spare, else three
     logs = [root / f"shared-{name}" / job_id / "logs" / f"worker-{i}.log" for i in range(tasks)]
     try:
-        wait(lambda: all(epochs_done(log) >= 2 for log in logs), 240, 0.3)
-        before = [epochs_done(log) for log in logs]
+        wait(lambda: all(epochs_logged(log) >= 2 for log in logs), 240, 0.3)
+        before = [epochs_logged(log) for log in logs]
         link(victim, "down")
         cut = time.time()
         # The times are the supervisor's own records (its failure event, its first step on the
@@ -152,9 +145,7 @@ def orchestrated_link_down(bed: tb.Testbed, root: Path, home: Path, spare: bool)
             on_spare = [t for t in job["tasks"] if t["host"] == "h2" and t["first_step_at"]]
             return on_spare[0]["first_step_at"] if on_spare else None
 
-        # Every task two epochs further: the attempt on the spare has trained.
-        further = list(zip(logs, [seen + 2 for seen in before], strict=True))
-        wait(lambda: all(epochs_done(log) >= n for log, n in further), 240, 0.2)
+        wait_epochs_past(logs, before)
         return float(wait(resumed, 60, 0.5)) - cut  # type: ignore[arg-type]
     finally:
         link(victim, "up")

@@ -32,7 +32,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 
 import bench_measure  # noqa: E402
 import slurmbed  # noqa: E402
-from bench_measure import wait  # noqa: E402
+from bench_measure import epochs_logged, wait, wait_epochs_past  # noqa: E402
 from bench_rows import Row, run_meta, write_results  # noqa: E402
 
 PY = sys.executable
@@ -58,13 +58,6 @@ def orchestrate(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[
 
 def job_json(env: dict[str, str], job: str) -> dict:
     return json.loads(orchestrate(env, "status", job, "--json").stdout)["jobs"][0]
-
-
-def epochs_in(path: Path) -> int:
-    try:
-        return path.read_text(errors="replace").count("BENCH epoch")
-    except OSError:
-        return 0
 
 
 def job_toml(bed: slurmbed.SlurmBed, root: Path, name: str) -> Path:
@@ -122,24 +115,18 @@ def orchestrated(
         # 0.1 s is a Python start each time, CPU taken from the trainers it times (the by-hand
         # side is waited out on its logs too). The supervisor records each first step as it
         # sees it, so reading them afterwards gives the same times.
-        wait(lambda: all(epochs_in(log) >= 1 for log in logs), 240, 0.05)
+        wait(lambda: all(epochs_logged(log) >= 1 for log in logs), 240, 0.05)
         cold_epoch = time.time() - started
         cold = max(wait(lambda: first_steps(0), 60, 0.5)) - started  # type: ignore[arg-type]
-        wait(lambda: all(epochs_in(log) >= 2 for log in logs), 240, 0.2)
+        wait(lambda: all(epochs_logged(log) >= 2 for log in logs), 240, 0.2)
         # A restart as it comes in a run of some length: each task's keeper (the job's keeper
         # step) holds a standby that has imported TensorFlow.
         wait(lambda: all("warm standby ready" in log.read_text() for log in logs), 240, 0.2)
         victim = next(t for t in job_json(env, job_id)["tasks"] if t["index"] == 1)
-        before = [epochs_in(log) for log in logs]
+        before = [epochs_logged(log) for log in logs]
         killed = time.time()
         os.kill(victim["pid"], signal.SIGKILL)
-        # Every task two epochs further (one more may come from a survivor before it stops):
-        # the next attempt has trained, so its first steps are recorded.
-        wait(
-            lambda: all(epochs_in(log) >= seen + 2 for log, seen in zip(logs, before, strict=True)),
-            240,
-            0.1,
-        )
+        wait_epochs_past(logs, before)
         restart = max(wait(lambda: first_steps(1), 60, 0.5)) - killed  # type: ignore[arg-type]
         return cold, cold_epoch, restart
     finally:
@@ -165,7 +152,7 @@ def raw(bed: slurmbed.SlurmBed, root: Path, env: dict[str, str], n: int) -> floa
     )  # fmt: skip
     slurm_job = out.stdout.strip().split(";")[0]
     try:
-        wait(lambda: all(epochs_in(log) >= 1 for log in logs), 240, 0.05)
+        wait(lambda: all(epochs_logged(log) >= 1 for log in logs), 240, 0.05)
         return time.time() - started
     finally:
         subprocess.run(["scancel", slurm_job], env=env, capture_output=True)

@@ -21,7 +21,11 @@ Writes its rows into docs/bench/results.json (and the tables made from it).
 from __future__ import annotations
 
 import argparse
+import os
+import re
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -31,8 +35,106 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 
-from bench_measure import kill_and_resume, raw_cold_start, relaunch  # noqa: E402
+from bench_measure import (  # noqa: E402
+    PY,
+    bench_lines,
+    launch,
+    local_config,
+    no_kept_standbys,
+    orch_env,
+    raw_cold_start,
+    status_json,
+    wait,
+)
 from bench_rows import Row, run_meta, write_results  # noqa: E402
+
+# --- the measurements: a restart, a relaunch ------------------------------------------------
+
+
+READY = re.compile(r"warm standby ready for a restart: pid (\d+), RSS (\d+) MB")
+
+
+def _rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/statm") as fh:
+        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def kill_and_resume(root: Path, home: Path, warm: bool) -> dict[str, float]:
+    no_kept_standbys()
+    # Epochs past the standby_delay and the measurement (which stops the job).
+    config = local_config(root, 1000, extra=f"warm_restart = {'true' if warm else 'false'}")
+    env = orch_env(home)
+    out = subprocess.run([PY, "-m", "orchestrator", "launch", "--detach", str(config)],
+                         capture_output=True, text=True, env=env, cwd=REPO, check=True)  # fmt: skip
+    job_id = out.stdout.split()[1]
+    logs = [Path(root / "shared" / job_id / "logs" / f"worker-{i}.log") for i in (0, 1)]
+
+    def ready() -> dict | None:
+        job = status_json(home, job_id)["jobs"][0]
+        if not all(t["epoch"] >= 3 for t in job["tasks"]):
+            return None
+        if warm and not all(READY.search(p.read_text()) for p in logs):
+            return None
+        return job
+
+    job = wait(ready, 240)
+    result: dict[str, float] = {}
+    if warm:
+        standbys = [int(READY.search(p.read_text()).group(1)) for p in logs]  # type: ignore[union-attr]
+        result["standby_rss"] = statistics.mean(_rss_mb(p) for p in standbys)
+        result["trainer_rss"] = statistics.mean(_rss_mb(t["pid"]) for t in job["tasks"])  # type: ignore[index]
+    killed = time.time()
+    os.kill(job["tasks"][1]["pid"], signal.SIGKILL)  # type: ignore[index]
+
+    def resumed() -> dict | None:
+        job = status_json(home, job_id)["jobs"][0]
+        ok = all(t["attempt"] == 1 and t["first_step_at"] for t in job["tasks"])
+        return job if ok else None
+
+    # Waited out on the logs (each attempt's trainer prints its first step), not by polling
+    # `orchestrate status`: a Python start every 0.1 s would take CPU from the restart it times.
+    wait(lambda: all(p.read_text().count("BENCH first_step ") >= 2 for p in logs), 240, 0.05)
+    job = wait(resumed, 60, 0.5)
+    events = {e["kind"]: e["ts"] for e in job["events"]}  # type: ignore[index]
+    first = max(
+        float(line.split()[2])
+        for p in logs
+        for line in p.read_text().splitlines()[-400:]
+        if line.startswith("BENCH first_step ")
+    )
+    text = logs[0].read_text()
+    result["warm_used"] = float("warm start: the standby" in text)
+    subprocess.run([PY, "-m", "orchestrator", "stop", job_id], env=env, cwd=REPO,
+                   capture_output=True, check=True)  # fmt: skip
+    result.update(
+        resumed=first - killed,
+        seen=events["failure"] - killed,
+        stopped=events["restart"] - events["failure"],
+        started=events["launched"] - events["restart"],
+        trainer=first - events["launched"],
+    )
+    return result
+
+
+def relaunch(root: Path, home: Path) -> dict[str, float]:
+    """P15, the edit-run loop: a job trains until its warm standbys are ready and is stopped
+    (the user saw what to fix), then the same cluster.toml is launched again: that launch to
+    its first training step. `warm_used` 0: it started cold (a failed round)."""
+    no_kept_standbys()
+    env = orch_env(home)
+    config = local_config(root, 1000)  # stopped once its standbys are ready
+    out = subprocess.run([PY, "-m", "orchestrator", "launch", "--detach", str(config)],
+                         capture_output=True, text=True, env=env, cwd=REPO, check=True)  # fmt: skip
+    job_id = out.stdout.split()[1]
+    logs = [Path(root / "shared" / job_id / "logs" / f"worker-{i}.log") for i in (0, 1)]
+    wait(lambda: all(p.exists() and READY.search(p.read_text()) for p in logs), 240)
+    subprocess.run([PY, "-m", "orchestrator", "stop", job_id], env=env, cwd=REPO,
+                   capture_output=True, check=True)  # fmt: skip
+    t0 = time.time()
+    out = launch(local_config(root, 3), home, fresh=False)
+    first, _ = bench_lines(out)
+    assert first is not None
+    return {"first_step": first - t0, "warm_used": float(out.count("warm start: the standby") == 2)}
 
 
 def relaunch_row() -> Row:
