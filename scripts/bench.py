@@ -60,7 +60,7 @@ from bench_measure import (  # noqa: E402
     raw_run,
 )
 from bench_overhead import cpu_shares  # noqa: E402
-from bench_rows import Row, run_meta, write_results  # noqa: E402
+from bench_rows import Row, compile_checkout, run_meta, write_results  # noqa: E402
 from bench_slurm import rows as slurm_row_defs  # noqa: E402
 from bench_slurm import slurm_rows  # noqa: E402
 from bench_warm import relaunch_row, relaunch_rows, restart_rows  # noqa: E402
@@ -280,6 +280,7 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="one repeat, fewer hosts and epochs")
     parser.add_argument("--out", type=Path, help="default: docs/bench (--quick: a temp dir)")
     args = parser.parse_args()
+    compile_checkout()
     if args.out is None:
         committed = REPO / "docs" / "bench"
         args.out = Path(tempfile.mkdtemp(prefix="orch-bench-quick-")) if args.quick else committed

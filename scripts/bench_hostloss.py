@@ -29,7 +29,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 
 import testbed as tb  # noqa: E402
 from bench_measure import epochs_logged, no_kept_standbys, wait, wait_epochs_past  # noqa: E402
-from bench_rows import Row, run_meta, write_results  # noqa: E402
+from bench_rows import Row, compile_checkout, run_meta, write_results  # noqa: E402
 
 PY = sys.executable
 PLAIN = REPO / "tests" / "fixtures" / "plain_fit.py"
@@ -204,6 +204,7 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--out", type=Path, default=REPO / "docs" / "bench")
     args = parser.parse_args()
+    compile_checkout()
     # SIGTERM unwinds like Ctrl-C: every test bed and trainer is torn down on the way out.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     started = time.time()

@@ -46,7 +46,7 @@ from bench_measure import (  # noqa: E402
     status_json,
     wait,
 )
-from bench_rows import Row, run_meta, write_results  # noqa: E402
+from bench_rows import Row, compile_checkout, run_meta, write_results  # noqa: E402
 
 # --- the measurements: a restart, a relaunch ------------------------------------------------
 
@@ -234,6 +234,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", type=Path, default=REPO / "docs" / "bench")
     args = parser.parse_args()
+    compile_checkout()
     started = time.time()
     p5, p14, p14b = rows()
     p15 = relaunch_row()

@@ -13,7 +13,7 @@ import threading
 from pathlib import Path
 
 from tests.conftest import as_nobody, wait_for
-from worker.keepers import socket_path
+from worker.keepers import SOCKET_MIN_AGE, socket_path
 from worker.proctl import is_alive
 from worker.standby_child import ENV_STANDBY
 from worker.warm import STANDBY, KeeperLink, fingerprint, standby_env, verify_trainer, warm_start
@@ -297,3 +297,38 @@ def test_a_second_keeper_for_a_task_says_the_name_is_served_and_leaves(
     finally:
         first.kill()
         first.wait()
+
+
+def test_a_killed_keepers_socket_is_swept_as_the_next_keeper_starts(
+    shared_tmp: Path, tmp_path: Path
+) -> None:
+    """SIGKILL leaves a keeper no time to remove its socket: the next keeper here removes it
+    once it is older than a keeper's start (keepers.SOCKET_MIN_AGE), and keeps its own."""
+    killed, job = f"killed-{os.getpid()}", f"next-{os.getpid()}"
+
+    def reachable(name: str) -> bool:
+        link = KeeperLink.connect(socket_path(name, 0), lambda pid, rss: None)[0]
+        if link is not None:
+            link.close()
+        return link is not None
+
+    first = _keeper(killed, shared_tmp, tmp_path / "first.log")
+    second = None
+    try:
+        wait_for(lambda: reachable(killed), 10)
+        first.kill()
+        first.wait()
+        left = Path(socket_path(killed, 0))
+        assert left.exists()  # nothing removed it
+        then = left.stat().st_mtime - 2 * SOCKET_MIN_AGE
+        os.utime(left, (then, then))
+        second = _keeper(job, shared_tmp, tmp_path / "second.log")
+        wait_for(lambda: reachable(job), 10)
+        wait_for(lambda: not left.exists(), 10)
+        assert Path(socket_path(job, 0)).exists()
+    finally:
+        for keeper in (first, second):
+            if keeper is not None and keeper.poll() is None:
+                keeper.terminate()  # a keeper that ends removes its own socket
+                keeper.wait(timeout=30)
+    assert not Path(socket_path(job, 0)).exists()

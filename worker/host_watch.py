@@ -75,7 +75,8 @@ def _read(path: str, offset: int, limit: int) -> bytes | None:
         return None
 
 
-def _stat(path: str) -> tuple[int, int, int] | None:
+def file_stamp(path: str) -> tuple[int, int, int] | None:
+    """A file's (inode, size, mtime): any change of it changes this; None when it is absent."""
     try:
         st = os.stat(path)
     except OSError:
@@ -110,14 +111,14 @@ def watch(
         if alive is not None and known_alive is not None and alive != set(known_alive):
             urgent = True
         for k, (path, key) in enumerate(statuses):
-            stat = _stat(path)
+            stat = file_stamp(path)
             if stat != seen_stat[k]:  # read and judge a status only when its file changed
                 seen_stat[k] = stat
                 seen_key[k] = "" if stat is None else status_key(_read(path, 0, limit))
             if key is not None and seen_key[k] != key:
                 urgent = True
         for path, offset in logs:  # more than one answer carries: go on reading at once
-            stat = _stat(path)
+            stat = file_stamp(path)
             if stat is not None and stat[1] - offset > limit:
                 urgent = True
         if urgent or clock() >= deadline:

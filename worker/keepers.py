@@ -7,7 +7,9 @@ for the next job), its standby and trainer pids, the standby's memory, and until
 kept (this host's monotonic clock: only this host reads it). An entry counts only while its
 pid is alive and is a keeper of ours on this host; any other is removed. A warm trainer was
 started before its job, so its environment lacks the job's id: the entry is how a sweep or a
-stacks request finds it. Standard library only.
+stacks request finds it. A keeper removes its socket as it ends; the sockets of keepers that
+were killed are swept (sweep_sockets) as a keeper starts and after a clear. Standard library
+only.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import json
 import os
 import signal
 import socket
+import stat
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, replace
@@ -28,6 +31,7 @@ from worker.private_dir import open_private, private_dir
 
 DIR_NAME = "standby"
 ENTRY_LIMIT = 4096  # bytes of one entry: anything longer was not written by a keeper
+SOCKET_MIN_AGE = 60.0  # seconds: a keeper records its entry within moments of its bind
 
 
 @dataclass(frozen=True)
@@ -158,16 +162,13 @@ def _read(data: bytes) -> KeeperEntry | None:
     return replace(entry, kept_left=max(0.0, entry.kept_until - time.monotonic()))
 
 
-def entries(every_host: bool = False) -> list[KeeperEntry]:
-    """This host's live keepers of ours (`every_host`: also those of other hosts that share
-    this directory and kernel: namespaces, containers); stale or garbled entries are removed."""
+def _stored() -> Iterator[tuple[str, str, KeeperEntry | None]]:
+    """(path, name, the entry, None when garbled) of each keeper-*.json here."""
     try:
         where = directory()
         names = os.listdir(where)
     except OSError:
-        return []
-    host = this_host()
-    found = []
+        return
     for name in names:
         if not (name.startswith("keeper-") and name.endswith(".json")):
             continue
@@ -178,7 +179,15 @@ def entries(every_host: bool = False) -> list[KeeperEntry]:
                 data = fh.read(ENTRY_LIMIT + 1)
         except OSError:
             continue
-        entry = _read(data) if len(data) <= ENTRY_LIMIT else None
+        yield path, name, _read(data) if len(data) <= ENTRY_LIMIT else None
+
+
+def entries(every_host: bool = False) -> list[KeeperEntry]:
+    """This host's live keepers of ours (`every_host`: also those of other hosts that share
+    this directory and kernel: namespaces, containers); stale or garbled entries are removed."""
+    host = this_host()
+    found = []
+    for path, name, entry in _stored():
         if entry is not None and not every_host and entry.host != host:
             continue  # another host sharing this /tmp (its pids are not ours to judge)
         if entry is None or name != f"keeper-{entry.pid}.json" or not _is_keeper(entry.pid):
@@ -187,6 +196,39 @@ def entries(every_host: bool = False) -> list[KeeperEntry]:
             continue
         found.append(entry)
     return found
+
+
+def sweep_sockets() -> list[str]:
+    """Remove the socket files here that no keeper serves: a keeper killed (SIGKILL, its network
+    namespace or its allocation gone) never removed its own. One stays while a live keeper's
+    entry names it, or another host's entry (its pids are not ours to judge), or while it is
+    younger than SOCKET_MIN_AGE (a keeper between its bind and its first entry). Nothing is
+    connected to: a live keeper would take the probe for an agent. Returns the names removed."""
+    host = this_host()
+    named = {e.socket for e in entries()}
+    named |= {e.socket for _, _, e in _stored() if e is not None and e.host != host}
+    try:
+        where = directory()
+        names = os.listdir(where)
+    except OSError:
+        return []
+    removed = []
+    for name in names:
+        path = os.path.join(where, name)
+        if not name.endswith(".sock") or path in named:
+            continue
+        try:
+            info = os.lstat(path)
+        except OSError:
+            continue
+        # The file's age by this host's own clock, the one that stamped it.
+        young = time.time() - info.st_mtime < SOCKET_MIN_AGE
+        if young or not stat.S_ISSOCK(info.st_mode) or info.st_uid != os.getuid():
+            continue
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+            removed.append(name)
+    return removed
 
 
 def parent_of(pid: int) -> int:
@@ -264,4 +306,5 @@ def clear(every_host: bool = False, kept_only: bool = True) -> list[int]:
     deadline = time.monotonic() + 5.0
     while time.monotonic() < deadline and any(_is_keeper(pid) for pid in ended):
         time.sleep(0.05)
+    sweep_sockets()
     return ended

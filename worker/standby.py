@@ -367,6 +367,7 @@ def main(argv: list[str]) -> int:
         return 3
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
     keeper.record()
+    keepers.sweep_sockets()  # those of keepers killed before they could remove their own
     try:
         return keeper.serve()
     finally:  # a stop or the end of the job: nothing of ours lives on (PDEATHSIG does too)

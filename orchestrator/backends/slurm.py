@@ -51,6 +51,7 @@ from orchestrator.specs import warm_restarts
 from orchestrator.store import JobRecord
 from orchestrator.transport.base import Observation, ProcessRef, Watching
 from orchestrator.transport.local import LocalTransport, watch_here
+from worker.host_watch import file_stamp
 from worker.spec import ENV_JOB_ID, JobLayout
 
 HELLO_TIMEOUT = 120.0  # seconds for every task of a step to introduce itself
@@ -375,19 +376,11 @@ def _wait_or_start(stop_requested: threading.Event, pause: float, output: Path) 
     Slurm creates its output file as the allocation starts (a file's stat every 50 ms costs
     nothing; squeue is an RPC to slurmctld). Only a hint: the next squeue decides (a requeued
     job's file is there already). True: a stop was requested."""
-    before = _stamp(output)
+    before = file_stamp(str(output))
     deadline = time.monotonic() + pause
     while (left := deadline - time.monotonic()) > 0:
         if stop_requested.wait(min(left, 0.05)):
             return True
-        if _stamp(output) != before:
+        if file_stamp(str(output)) != before:
             return False
     return False
-
-
-def _stamp(path: Path) -> tuple[int, int] | None:
-    try:
-        st = path.stat()
-    except OSError:
-        return None
-    return st.st_ino, st.st_mtime_ns

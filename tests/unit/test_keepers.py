@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
@@ -137,3 +138,31 @@ def test_kept_memory_and_what_a_host_helper_answers(
     for bad in (None, [], {"pid": 1}, {**asdict(entry), "rss": "many"}):
         assert keepers.parse(bad) is None
     assert "kept" in entry.describe() and "300 MB" in entry.describe()
+
+
+def _socket_file(path: Path, age: float) -> None:
+    """A socket file nobody listens on (a keeper killed before it removed its own), `age` s old."""
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.bind(str(path))
+    then = time.time() - age
+    os.utime(path, (then, then))
+
+
+def test_sockets_no_live_keeper_serves_are_swept(
+    private_tmp: Path, fake_keeper: subprocess.Popen[bytes]
+) -> None:
+    keepers.directory()
+    names = ["live", "dead", "other-host", "no-entry", "young", "not-a-socket"]
+    paths = {name: private_tmp / f"{name}.sock" for name in names}
+    for name in names[:-1]:
+        _socket_file(paths[name], 30.0 if name == "young" else 3600.0)
+    paths["not-a-socket"].write_text("a file, not a socket of a keeper")
+    keepers.record(_entry(fake_keeper.pid, socket=str(paths["live"])))
+    keepers.record(_entry(4_194_999, socket=str(paths["dead"])))  # its keeper is gone
+    keepers.record(_entry(4_194_998, host="another-host", socket=str(paths["other-host"])))
+    removed = keepers.sweep_sockets()
+    assert sorted(removed) == ["dead.sock", "no-entry.sock"]
+    assert {p.name for p in private_tmp.glob("*.sock")} == {
+        "live.sock", "other-host.sock", "young.sock", "not-a-socket.sock"
+    }  # fmt: skip
+    assert not (private_tmp / "keeper-4194999.json").exists()
