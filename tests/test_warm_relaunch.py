@@ -151,10 +151,13 @@ def test_a_kept_standby_ends_when_its_time_is_up(
 def test_a_relaunched_script_that_sets_import_time_variables_itself_starts_over_cold(
     tmp_path: Path, cli: Callable[..., CliResult], reap_pids: list[int]
 ) -> None:
-    """The warm first start of a relaunch: the script sets TF_ENABLE_ONEDNN_OPTS before its own
-    `import tensorflow`, which the kept standby had imported without it: it starts over cold in
-    the same process and trains."""
-    config = _config(tmp_path, env=', SET_BEFORE_IMPORT = "TF_ENABLE_ONEDNN_OPTS=0"')
+    """The warm first start of a relaunch: the script sets TF_ENABLE_ONEDNN_OPTS before it
+    imports TensorFlow, which the kept standby had imported without it: it starts over cold in
+    the same process and trains. It imports it by importlib.import_module, not by an import
+    statement (test_warm_restart's script has the statement)."""
+    config = _config(
+        tmp_path, env=', SET_BEFORE_IMPORT = "TF_ENABLE_ONEDNN_OPTS=0", IMPORT_WITH_IMPORTLIB = "1"'
+    )
     _run(cli, config, reap_pids)
     kept = _kept(cli, config)
     assert len(kept) == 2, kept

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import importlib
 import os
 import sys
 from collections.abc import Callable, Mapping
@@ -80,6 +81,7 @@ def watch(
     its training begins (stop_watching): once the script's own code set a variable
     (`script_set`, worker.warm_imports.Recorder's attribution), start_cold(names, True)."""
     real = builtins.__import__
+    real_import_module = importlib.import_module
     watched = WATCHED | ahead
     done = False
 
@@ -88,32 +90,40 @@ def watch(
         done = True
         if builtins.__import__ is checking:  # steady training pays nothing
             builtins.__import__ = real
+        if importlib.import_module is import_module:
+            importlib.import_module = real_import_module
+
+    def look(name: str, globals: Any) -> None:
+        root = name.partition(".")[0]
+        if root in ahead:
+            ahead_used.add(root)
+        importer = str((globals or {}).get("__name__", ""))
+        # By the importer's name, not its file (warm_imports.Recorder's rule for who set a
+        # variable): any other library's first import of TensorFlow, or worker.runtime's,
+        # runs for the script and meets the script's environment.
+        if root in watched and importer.partition(".")[0] not in watched and importer not in OURS:
+            differs, library = changed(activation_env, os.environ), False
+            if not differs and root in ahead:
+                differs, library = script_set(), True
+            if differs or not ahead:  # without libraries ahead: one look
+                stop()
+            if differs:
+                start_cold(differs, library)
 
     def checking(name: str, globals: Any = None, *args: Any, **kwargs: Any) -> Any:
         if not done:
-            root = name.partition(".")[0]
-            if root in ahead:
-                ahead_used.add(root)
-            importer = str((globals or {}).get("__name__", ""))
-            # By the importer's name, not its file (warm_imports.Recorder's rule for who set a
-            # variable): any other library's first import of TensorFlow, or worker.runtime's,
-            # runs for the script and meets the script's environment.
-            if (
-                root in watched
-                and importer.partition(".")[0] not in watched
-                and importer not in OURS
-            ):
-                differs, library = changed(activation_env, os.environ), False
-                if not differs and root in ahead:
-                    differs, library = script_set(), True
-                if differs or not ahead:  # without libraries ahead: one look
-                    stop()
-                if differs:
-                    start_cold(differs, library)
+            look(name, globals)
         return real(name, globals, *args, **kwargs)
+
+    def import_module(name: str, package: str | None = None) -> Any:
+        """importlib.import_module("tensorflow") passes no import statement: looked at too."""
+        if not done and not name.startswith("."):  # a relative name is the script's own module
+            look(name, sys._getframe(1).f_globals)
+        return real_import_module(name, package)
 
     _stops[:] = [stop]
     builtins.__import__ = checking
+    importlib.import_module = import_module
 
 
 def stop_watching() -> None:

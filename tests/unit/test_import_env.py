@@ -4,6 +4,7 @@ script's first import of it (a stand-in module name here: importing TensorFlow t
 from __future__ import annotations
 
 import builtins
+import importlib
 import os
 from pathlib import Path
 
@@ -32,6 +33,7 @@ def watched(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
     """import_env.watch with `json` standing for tensorflow; what start_cold was told."""
     monkeypatch.setattr(import_env, "WATCHED", frozenset({"json"}))
     monkeypatch.setattr(builtins, "__import__", builtins.__import__)  # restored afterwards
+    monkeypatch.setattr(importlib, "import_module", importlib.import_module)
     calls: list[list[str]] = []
     monkeypatch.setenv("TF_ENABLE_ONEDNN_OPTS", "1")
     # the activation's environment
@@ -109,6 +111,7 @@ def test_with_libraries_imported_ahead_the_script_setting_a_variable_counts_unti
     such a library starts it over cold, without marking the task (`library`); TensorFlow's
     variables count as before; at training, the watch ends."""
     monkeypatch.setattr(builtins, "__import__", builtins.__import__)  # restored afterwards
+    monkeypatch.setattr(importlib, "import_module", importlib.import_module)
     monkeypatch.setattr(import_env, "ahead_used", set())
     calls: list[tuple[list[str], bool]] = []
     script_set: list[str] = []
@@ -156,3 +159,23 @@ def test_every_module_of_ours_the_instrumentation_imports_tensorflow_through_is_
     importing_tf = {m for m in ours if any(i.split(".")[0] == "tensorflow" for i in imports(m))}
     assert "worker.leader_wait" in importing_tf  # the check sees lazy imports
     assert importing_tf <= import_env.OURS, importing_tf - import_env.OURS
+
+
+def test_an_import_by_importlib_import_module_is_looked_at_too(
+    watched: list[list[str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No import statement: `importlib.import_module("tensorflow")` after the variable is set."""
+    monkeypatch.setenv("TF_ENABLE_ONEDNN_OPTS", "0")
+    exec("import importlib\nimportlib.import_module('json.decoder')", {"__name__": "__main__"})
+    assert watched == [["TF_ENABLE_ONEDNN_OPTS"]]
+    assert importlib.import_module.__name__ == "import_module"
+    assert importlib.import_module.__module__ == "importlib"  # unwrapped once it looked
+
+
+def test_importlib_imports_by_the_package_itself_are_not_the_scripts(
+    watched: list[list[str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TF_ENABLE_ONEDNN_OPTS", "0")
+    exec("import importlib\nimportlib.import_module('json.decoder')", {"__name__": "json"})
+    assert watched == []
+    assert importlib.import_module.__module__ == "worker.import_env"  # still watching
