@@ -11,6 +11,7 @@ classes only once that script has imported its Keras.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -27,6 +28,7 @@ DEFAULT_PREEMPTION_EXIT_CODE = 42  # restart.preemption_exit_code's default
 # uses worker.runtime's callbacks under the bootstrap).
 PROGRESS_MARK = "orchestrate_progress"
 PREEMPTION_MARK = "orchestrate_preemption"
+_AGREE_ATTRIBUTE = "_orchestrate_preemption_agree"  # on the strategy
 
 FIRST_STEP_POLL = 0.05  # seconds between reads of fit's step counter until its first step
 
@@ -224,6 +226,24 @@ def epochs_until_next_agreement(seconds_summed: float, replicas: int, epochs: in
     return max(1, min(1000, int(AGREEMENT_PERIOD // per_epoch)))
 
 
+def _agreement_function(tf: Any, strategy: Any) -> Any:
+    """The all-reduce the workers agree by, one per strategy, kept on it: a script that calls
+    fit again and again (a loop over its data, a tuner) gets a new callback each time, and a
+    new function each time would be traced again at every fit, with TensorFlow's warning of
+    excessive retracing in the script's log."""
+    agree = getattr(strategy, _AGREE_ATTRIBUTE, None)
+    if agree is None:
+
+        @tf.function
+        def agree(mine: Any) -> Any:
+            per_replica = strategy.run(lambda: tf.identity(mine))
+            return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+
+        with contextlib.suppress(AttributeError, TypeError):  # a strategy that takes none
+            setattr(strategy, _AGREE_ATTRIBUTE, agree)
+    return agree
+
+
 class _PreemptionMixin:
     """SIGTERM (a preempting scheduler, or `orchestrate stop`) ends training at an epoch
     boundary, after that epoch's BackupAndRestore checkpoint, on every worker at once, with the
@@ -255,22 +275,16 @@ class _PreemptionMixin:
             signal.signal(signal.SIGTERM, self._on_sigterm)
             self._installed = True
         self._replicas = int(getattr(strategy, "num_replicas_in_sync", 1) or 1)
-        self._since = time.monotonic()  # this worker's own clock, for durations only
-        self._epochs_since = 0  # epochs ended since the last agreement
-        self._due_in = 1  # epochs from the last agreement to the next
-
-        @tf.function
-        def agree(mine: Any) -> Any:
-            per_replica = strategy.run(lambda: tf.identity(mine))
-            return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
-
-        self._agree = agree
+        self.on_train_begin()
+        self._agree = _agreement_function(tf, strategy)
 
     def _on_sigterm(self, signum: int, frame: Any) -> None:
         self._signalled = True
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
-        self._since, self._epochs_since, self._due_in = time.monotonic(), 0, 1
+        self._since = time.monotonic()  # this worker's own clock, for durations only
+        self._epochs_since = 0  # epochs ended since the last agreement
+        self._due_in = 1  # epochs from the last agreement to the next
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         self._epochs_since += 1
