@@ -21,7 +21,6 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -31,7 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import testbed as tb
-from bench_measure import PY, REPO, orch_env, status_json, wait
+from bench_measure import PY, REPO, kill_job_process, orch_env, status_json, wait
 
 TRAINER = Path(__file__).resolve().with_name("bench_scale_trainer.py")
 TICK = os.sysconf("SC_CLK_TCK")
@@ -155,7 +154,7 @@ def measure(
         job = status_json(home, job_id)["jobs"][0]
         victim = job["tasks"][len(job["tasks"]) // 2]["pid"]
         killed = time.time()
-        os.kill(victim, signal.SIGKILL)
+        kill_job_process(victim, job_id)
         ended = wait(
             lambda: next(
                 (e["ts"] for e in status_json(home, job_id)["jobs"][0]["events"]

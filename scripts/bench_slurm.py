@@ -32,7 +32,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 
 import bench_measure  # noqa: E402
 import slurmbed  # noqa: E402
-from bench_measure import epochs_logged, wait, wait_epochs_past  # noqa: E402
+from bench_measure import epochs_logged, kill_job_process, wait, wait_epochs_past  # noqa: E402
 from bench_rows import Row, compile_checkout, run_meta, write_results  # noqa: E402
 
 PY = sys.executable
@@ -125,7 +125,7 @@ def orchestrated(
         victim = next(t for t in job_json(env, job_id)["tasks"] if t["index"] == 1)
         before = [epochs_logged(log) for log in logs]
         killed = time.time()
-        os.kill(victim["pid"], signal.SIGKILL)
+        kill_job_process(victim["pid"], job_id)
         wait_epochs_past(logs, before)
         restart = max(wait(lambda: first_steps(1), 60, 0.5)) - killed  # type: ignore[arg-type]
         return cold, cold_epoch, restart

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import signal
 import statistics
 import subprocess
 import sys
@@ -38,6 +37,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 from bench_measure import (  # noqa: E402
     PY,
     bench_lines,
+    kill_job_process,
     launch,
     local_config,
     no_kept_standbys,
@@ -84,7 +84,7 @@ def kill_and_resume(root: Path, home: Path, warm: bool) -> dict[str, float]:
         result["standby_rss"] = statistics.mean(_rss_mb(p) for p in standbys)
         result["trainer_rss"] = statistics.mean(_rss_mb(t["pid"]) for t in job["tasks"])  # type: ignore[index]
     killed = time.time()
-    os.kill(job["tasks"][1]["pid"], signal.SIGKILL)  # type: ignore[index]
+    kill_job_process(job["tasks"][1]["pid"], job_id)  # type: ignore[index]
 
     def resumed() -> dict | None:
         job = status_json(home, job_id)["jobs"][0]
