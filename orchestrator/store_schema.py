@@ -126,8 +126,15 @@ def open_database(path: Path) -> sqlite3.Connection:
     """The store at `path`, created private or migrated to this schema, ready for use."""
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     # Private before SQLite opens it (its -wal and -shm files take the database's mode):
-    # it holds every job's configuration.
-    os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
+    # it holds every job's configuration. Created only where missing: closing any descriptor
+    # of a file drops every POSIX lock this process holds on it, so an open-and-close of an
+    # existing store under a live connection (a supervisor opening its panel's) let another
+    # process take the store for unused, checkpoint it and delete the WAL the supervisor
+    # still wrote to; from then on no other process saw its writes.
+    try:
+        os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
+    except FileExistsError:
+        pass
     if path.stat().st_mode & 0o077 and path.stat().st_uid == os.getuid():
         path.chmod(0o600)
     # check_same_thread off: a supervisor records each agent from the thread that started it

@@ -282,21 +282,31 @@ PHASE_ROW = re.compile(r"│ worker-(\d)\s+local\s+(.+?)\s{2,}")
 def test_launch_on_a_terminal_shows_a_live_panel_whose_phases_change(
     tmp_path: Path, terminal: Terminal, cli: Callable[..., CliResult], reap_pids: list[int]
 ) -> None:
-    """Real TensorFlow, a script that imports nothing of ours, in a real terminal."""
+    """Real TensorFlow, a script that imports nothing of ours, in a real terminal; meanwhile
+    `status --json` from another process sees the training go on (the panel's own store
+    connection once hid every later write from other processes)."""
     backup = tmp_path / "shared" / "backup"
     entry = (
-        f'script = "{PLAIN_FIT}"\nargs = ["--epochs", "6", "--backup-dir", "{backup}"]\n'
+        f'script = "{PLAIN_FIT}"\n'
+        f'args = ["--epochs", "8", "--step-delay", "0.04", "--backup-dir", "{backup}"]\n'
         'env = { TF_CPP_MIN_LOG_LEVEL = "2" }'
     )
     path = two_worker_config(tmp_path, "console", entry)
     terminal.run(_orchestrate("launch", str(path)))
     seen: list[str] = []  # worker-0's phases, in the order the screen showed them
+    steps_seen: list[int] = []  # the steps `status --json` showed while the job ran
+    last_status = [0.0]
 
     def finished() -> bool:
         screen = terminal.screen()
         for match in PHASE_ROW.finditer(screen):
             if match.group(1) == "0" and (not seen or seen[-1] != match.group(2)):
                 seen.append(match.group(2))
+        if time.monotonic() - last_status[0] > 1.0:
+            last_status[0] = time.monotonic()
+            for job in status_json(cli)["jobs"]:
+                if job["state"] == "running":
+                    steps_seen.append(min(t["step"] for t in job["tasks"]))
         return "EXIT=" in screen
 
     try:
@@ -307,6 +317,8 @@ def test_launch_on_a_terminal_shows_a_live_panel_whose_phases_change(
     screen = terminal.history()
     assert "EXIT=0" in screen, screen
     assert seen[-1] == "succeeded", (seen, screen)
+    # Another terminal saw the steps grow during training, not only the end.
+    assert len({s for s in steps_seen if s > 0}) >= 2, steps_seen
     # The panel went through the startup phases to training, in order.
     order = ["importing TensorFlow", "waiting for peers", "training", "succeeded"]
     shown = [p for p in seen if p in order]
@@ -315,7 +327,7 @@ def test_launch_on_a_terminal_shows_a_live_panel_whose_phases_change(
     assert re.search(r"preflight: local ok in \d+\.\ds \(Python 3", screen), screen
     assert re.search(r"start \d+\.\ds · import \d+\.\ds · peers \d+\.\ds · 1st step", screen)
     # Identical lines that both tasks print together are folded into one.
-    assert re.search(r"^\[worker-0\.\.1\] Epoch \d/6", screen, re.M), screen
+    assert re.search(r"^\[worker-0\.\.1\] Epoch \d/8", screen, re.M), screen
 
 
 def test_plain_on_a_terminal_and_status_watch(

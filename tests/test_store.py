@@ -131,3 +131,31 @@ def test_a_store_of_the_previous_schema_is_upgraded_in_place(tmp_path: Path) -> 
     store.update_job("old-1", forced=True)
     assert store.get_job("old-1").forced is True
     assert Store(db).get_job("old").state == JobState.SUCCEEDED  # opens again, no migration
+
+
+def test_a_second_connection_in_the_writer_keeps_its_writes_visible_to_other_processes(
+    tmp_path: Path,
+) -> None:
+    """A supervisor opens a second connection (the live panel's) while its own is open; then
+    other processes open and close the store (`status` from another terminal). Each of the
+    supervisor's later writes must be visible to the next of them: opening the store must not
+    close a descriptor of the live database, which drops the process's SQLite locks and lets a
+    closing reader delete the WAL the supervisor goes on writing to."""
+    path = tmp_path / "s.db"
+    writer = Store(path)
+    writer.create_job(_job("live-1"), _tasks("live-1", 1))
+    panel = Store(path)  # the same process's second connection
+    read = (
+        "import sqlite3, sys\n"
+        "db = sqlite3.connect(sys.argv[1])\n"
+        "print(db.execute('SELECT step FROM tasks WHERE job_id = \"live-1\"').fetchone()[0])\n"
+        "db.close()\n"
+    )
+    for step in (1, 2, 3):
+        writer.update_tasks("live-1", {0: {"step": step}})
+        assert panel.tasks("live-1")[0].step == step
+        seen = subprocess.run([sys.executable, "-c", read, str(path)], capture_output=True,
+                              text=True, check=True).stdout  # fmt: skip
+        assert int(seen) == step, f"another process saw step {seen.strip()} after {step}"
+    panel.close()
+    writer.close()
