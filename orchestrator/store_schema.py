@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import sqlite3
@@ -131,10 +132,8 @@ def open_database(path: Path) -> sqlite3.Connection:
     # existing store under a live connection (a supervisor opening its panel's) let another
     # process take the store for unused, checkpoint it and delete the WAL the supervisor
     # still wrote to; from then on no other process saw its writes.
-    try:
+    with contextlib.suppress(FileExistsError):
         os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
-    except FileExistsError:
-        pass
     if path.stat().st_mode & 0o077 and path.stat().st_uid == os.getuid():
         path.chmod(0o600)
     # check_same_thread off: a supervisor records each agent from the thread that started it
