@@ -580,3 +580,24 @@ def test_a_group_stop_signals_only_what_it_checked_through_a_pidfd() -> None:
         if stranger.poll() is None:
             stranger.kill()
             stranger.wait()
+
+
+def test_stop_finds_and_signals_no_process_of_another_user_that_carries_the_jobs_id() -> None:
+    """Root may read every user's environment; another user's process that names our job's id
+    is still theirs: never found, never signalled (through its group or alone)."""
+    import time
+
+    from tests.conftest import as_nobody, wait_for
+    from worker import proctl
+
+    job = f"theirs-{os.getpid()}-{time.monotonic_ns()}"
+    squatter = as_nobody(["env", f"ORCHESTRATE_JOB_ID={job}", "sleep", "60"], {})
+    try:
+        wait_for(lambda: b"sleep" in Path(f"/proc/{squatter.pid}/cmdline").read_bytes(), 10)
+        assert proctl.find_job(job) == []
+        assert not proctl.is_job_process(squatter.pid, job)
+        assert proctl.stop_job(job, grace=0.2) == []
+        assert squatter.poll() is None  # still running
+    finally:
+        squatter.kill()  # our own child, by its Popen
+        squatter.wait(10)

@@ -220,11 +220,25 @@ def _warm_trainers(job_id: str) -> set[int]:
     return set(trainers_of(job_id))
 
 
+def _runs_as_me(pid: int) -> bool:
+    """The process's real and effective uid are ours: another user may put any job's id in
+    its own environment (root can read every environment), and is never ours to signal."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as fh:
+            for line in fh:
+                if line.startswith(b"Uid:"):
+                    real, effective = line.split()[1:3]
+                    return int(real) == int(effective) == os.getuid()
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
+
+
 def is_job_process(pid: int, job_id: str) -> bool:
-    """A live process (> 1, not a zombie) started with this job's id in its environment, or a
-    warm trainer its keeper says serves the job."""
+    """A live process of ours (> 1, not a zombie, our uid) started with this job's id in its
+    environment, or a warm trainer its keeper says serves the job."""
     fields = _stat_fields(pid) if pid > 1 else None
-    if fields is None or fields[0] in ("Z", "X"):
+    if fields is None or fields[0] in ("Z", "X") or not _runs_as_me(pid):
         return False
     marker = f"\0ORCHESTRATE_JOB_ID={job_id}\0".encode()
     return _environ_has(pid, marker) or pid in _warm_trainers(job_id)
@@ -258,6 +272,8 @@ def find_job(job_id: str) -> list[tuple[int, int, str]]:
         if fields is None or fields[0] in ("Z", "X"):
             continue
         if pid not in warm and not _environ_has(pid, marker):
+            continue
+        if not _runs_as_me(pid):
             continue
         ident = identity(pid)
         if ident is not None:
