@@ -16,8 +16,9 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, TextIO, cast
 
+from orchestrator.launch_output import GuardedOutput
 from orchestrator.logstream import LineSink
 from orchestrator.states import TaskState
 from orchestrator.store import JobRecord, Store, TaskRecord
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
     from rich.live import Live
 
 REFRESH = 0.25  # seconds between panel refreshes
+OUTPUT_LOST_EVENT = "output_lost"  # the launch's standard output went away
 FOLD_WINDOW = 0.6  # seconds a line waits for the same line from the other tasks
 
 _PHASE_LABELS = {
@@ -353,10 +355,22 @@ def live_wanted(plain: bool) -> bool:
 
 def console_sink(copy_dir: Path, store_path: Path, job_id: str, verbose: bool,
                  plain: bool) -> LineSink:  # fmt: skip
-    """Where a supervising `launch`/`attach`/`resume` sends the tasks' lines."""
+    """Where a supervising `launch`/`attach`/`resume` sends the tasks' lines: its standard
+    output, for as long as something reads it (orchestrator.launch_output)."""
+
+    def lost(why: str) -> None:
+        store = Store(store_path)
+        try:
+            store.add_event(job_id, OUTPUT_LOST_EVENT, f"the launch's output can no longer be "
+                            f"written ({why}): supervision goes on; see `orchestrate logs "
+                            f"{job_id}`")  # fmt: skip
+        finally:
+            store.close()
+
+    out = cast(TextIO, GuardedOutput(sys.stdout, lost))
     if live_wanted(plain):
-        return LiveConsole(copy_dir, sys.stdout, store_path, job_id, verbose)
-    return LineSink(copy_dir, sys.stdout, verbose)
+        return LiveConsole(copy_dir, out, store_path, job_id, verbose)
+    return LineSink(copy_dir, out, verbose)
 
 
 def detach_progress(store: Store, plain: bool) -> AbstractContextManager[JobPanel | None]:

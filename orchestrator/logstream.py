@@ -4,7 +4,6 @@ with task and host, never interleaved mid-line; keep a durable copy on the coord
 from __future__ import annotations
 
 import re
-import sys
 import threading
 import time
 from pathlib import Path
@@ -197,7 +196,3 @@ def attempts_path(log: Path) -> Path:
 
 def times_path(log: Path) -> Path:
     return log.with_suffix(".times")
-
-
-def stderr_sink(copy_dir: Path, verbose: bool) -> LineSink:
-    return LineSink(copy_dir, sys.stdout, verbose)

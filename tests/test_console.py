@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -383,3 +384,56 @@ def test_a_tailer_taken_over_from_the_copy_goes_on_where_the_copy_ends_after_a_c
     sink.close()
     assert (copies / "worker-0.log").read_bytes() == host_log.read_bytes()
     assert b"\nnumbered 0000000b 2\n" in host_log.read_bytes()
+
+
+# --- a reader that goes away -----------------------------------------------------------------
+def _ended_job(cli: Callable[..., CliResult]) -> dict:
+    [job] = status_json(cli)["jobs"]
+    return wait_for_end(cli, job["id"])
+
+
+def test_a_closed_pipe_never_fails_the_job(
+    tmp_path: Path, cli: Callable[..., CliResult], reap_pids: list[int]
+) -> None:
+    """`launch | head -1`: the job goes on to its own end, the launch exits with the job's
+    code, and the job's events say the output went away."""
+    path = tmp_path / "c.toml"
+    path.write_text(fake_job(tmp_path, ["--mode", "count:300"]))
+    launch = shlex.join([sys.executable, "-m", "orchestrator", "launch", str(path)])
+    done = subprocess.run(["bash", "-c", f"set -o pipefail; {launch} | head -1"], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    job = _ended_job(cli)
+    reap_pids.append(job["supervisor"]["pid"] or 0)
+    assert done.returncode == 0, done
+    assert done.stdout.startswith("orchestrate: ") and done.stdout.count("\n") == 1, done
+    assert "Traceback" not in done.stderr and "Exception ignored" not in done.stderr, done
+    assert job["state"] == "succeeded", job
+    assert [e for e in cli("status", job["id"]).out.splitlines() if "output_lost" in e]
+
+
+def test_a_closed_terminal_never_fails_the_job(
+    tmp_path: Path, cli: Callable[..., CliResult], reap_pids: list[int]
+) -> None:
+    """The live panel's terminal closes under it (EIO on every write; no SIGHUP here: the
+    terminal is not the launch's controlling one): the job goes on to its own end."""
+    path = tmp_path / "c.toml"
+    path.write_text(fake_job(tmp_path, ["--mode", "ok-after:3"]))
+    controller, terminal = os.openpty()
+    launch = subprocess.Popen([sys.executable, "-m", "orchestrator", "launch", str(path)],
+                              cwd=REPO, stdin=subprocess.DEVNULL, stdout=terminal,
+                              stderr=subprocess.PIPE, start_new_session=True,
+                              env={**os.environ, "TERM": "xterm-256color"})  # fmt: skip
+    reap_pids.append(launch.pid)
+    os.close(terminal)
+    try:
+        seen = b""
+        while b"running" not in seen:  # the job's tasks started: then the terminal goes
+            seen += os.read(controller, 4096)
+    finally:
+        os.close(controller)
+    _, err = launch.communicate(timeout=120)
+    job = _ended_job(cli)
+    assert launch.returncode == 0, err
+    assert b"Traceback" not in err and b"Exception" not in err, err
+    assert job["state"] == "succeeded", job
+    assert [e for e in cli("status", job["id"]).out.splitlines() if "output_lost" in e]
