@@ -155,6 +155,9 @@ def _column(value: Any) -> Any:
     return value
 
 
+MAX_REF = 1024  # characters of a job reference: names and ids are far shorter
+
+
 class Store:
     def __init__(self, path: Path | None = None) -> None:
         if path is None:
@@ -238,15 +241,17 @@ class Store:
         """A job by id, the newest job with that name, or a unique id prefix."""
         if not ref.strip():
             raise JobNotFoundError("an empty job name matches no job (see `orchestrate status`)")
+        if len(ref) > MAX_REF or not _encodable(ref):  # no job has such a name or id
+            raise JobNotFoundError(f"no job {_as_typed(ref)} (see `orchestrate status`)")
         row = self._db.execute("SELECT * FROM jobs WHERE id = ?", (ref,)).fetchone()
         if row is None:
             row = self._db.execute(
                 "SELECT * FROM jobs WHERE name = ? ORDER BY created DESC LIMIT 1", (ref,)
             ).fetchone()
         if row is None:
-            rows = self._db.execute(
-                "SELECT * FROM jobs WHERE id LIKE ? ESCAPE '\\' ORDER BY created DESC",
-                (_like_prefix(ref),),
+            rows = self._db.execute(  # a prefix, case and all (LIKE ignores case)
+                "SELECT * FROM jobs WHERE substr(id, 1, ?) = ? ORDER BY created DESC",
+                (len(ref), ref),
             ).fetchall()
             if len(rows) > 1:
                 raise JobNotFoundError(f"job {ref!r} is ambiguous: {len(rows)} ids start with it")
@@ -361,6 +366,18 @@ class Store:
         return [EventRecord(**dict(r)) for r in rows]
 
 
-def _like_prefix(text: str) -> str:
-    escaped = text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-    return escaped + "%"
+def _as_typed(ref: str) -> str:
+    """A reference as the user typed it, for one line: undecodable bytes as \\xNN, cut."""
+    raw = ref[:60].encode("utf-8", "surrogateescape" if _encodable(ref, "surrogateescape")
+                          else "backslashreplace")  # fmt: skip
+    text = raw.decode("utf-8", "backslashreplace")
+    return ("'" + text + "'" if text.isprintable() else repr(text)) + ("..." * (len(ref) > 60))
+
+
+def _encodable(text: str, errors: str = "strict") -> bool:
+    """Text SQLite can take: a command line's undecodable bytes arrive as lone surrogates."""
+    try:
+        text.encode("utf-8", errors)
+    except UnicodeEncodeError:
+        return False
+    return True

@@ -35,6 +35,7 @@ LAUNCHED = (
     "shared_dir_too_long",
     "heartbeat_interval_not_below_timeout",
     "three_problems",
+    "entrypoint_module_option",
 )
 
 GOOD_HEAD = """
@@ -214,3 +215,22 @@ def test_launch_refuses_built_case(
 ) -> None:
     build, expected = EXTRA[case]
     assert_refused(cli("launch", str(build(workspace)), timeout=60), expected, home, workspace)
+
+
+def test_thousands_of_problems_are_capped_with_a_count(
+    workspace: Path, home: Path, cli: Callable[..., CliResult]
+) -> None:
+    """20,000 unknown tables: the first 20 problems and how many more, not 1.6 MB of lines."""
+    path = _write(workspace, GOOD_HEAD + "".join(f"[table{i}]\n" for i in range(20_000)))
+    result = cli("validate", str(path), timeout=60)
+    assert_refused(result, ["table0: unknown key", "... and 19980 more problem(s)"], home,
+                   workspace, lines=21)  # fmt: skip
+
+
+def test_an_interpreter_path_with_a_space_and_a_unicode_module_name_validate(
+    workspace: Path, cli: Callable[..., CliResult]
+) -> None:
+    text = GOOD_HEAD.replace("worker.examples.digits", "pkg.train_ü")
+    path = _write(workspace, text.replace("workers = 2", 'workers = 2\npython = "/opt/my envs/py"'))
+    result = cli("validate", str(path), timeout=60)
+    assert result.code == 0, result

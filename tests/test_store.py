@@ -159,3 +159,23 @@ def test_a_second_connection_in_the_writer_keeps_its_writes_visible_to_other_pro
         assert int(seen) == step, f"another process saw step {seen.strip()} after {step}"
     panel.close()
     writer.close()
+
+
+def test_job_refs_match_ids_case_and_all_and_odd_refs_find_no_job(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s.db")
+    store.create_job(_job("digits-20261206-1"), _tasks("digits-20261206-1", 1))
+    assert store.get_job("digits-2026").id == "digits-20261206-1"
+    for ref in ("DIGITS", "Digits-2026", "x" * 1_000_000, "bad-\udcff-bytes", "%", "_"):
+        with pytest.raises(JobNotFoundError, match="no job"):
+            store.get_job(ref)
+
+
+def test_a_non_utf8_job_ref_on_the_command_line_is_bad_input(tmp_path: Path) -> None:
+    import os
+
+    env = {**os.environ, "ORCHESTRATE_HOME": str(tmp_path / "home")}
+    done = subprocess.run([sys.executable, "-m", "orchestrator", "status", b"job-\xff"],
+                          capture_output=True, env=env, check=False)  # fmt: skip
+    assert done.returncode == 2, done
+    assert done.stderr.startswith(b"error: no job 'job-\\xff'"), done.stderr
+    assert done.stderr.count(b"\n") == 1, done.stderr

@@ -108,6 +108,9 @@ def _check_raw(value: object, loc: tuple[int | str, ...], source: str) -> None:
             _check_raw(item, (*loc, i), source)
 
 
+MAX_PROBLEMS = 20  # lines of problems shown for one file
+
+
 def _describe(exc: ValidationError) -> list[str]:
     """One line per problem, each naming its key path (the first problem of each key)."""
     lines: dict[str, str] = {}
@@ -116,7 +119,11 @@ def _describe(exc: ValidationError) -> list[str]:
         if key not in lines:
             text = _problem(error)
             lines[key] = f"{key}: {text}" if key else text
-    return list(lines.values())
+    shown = list(lines.values())
+    if len(shown) > MAX_PROBLEMS:  # a generated file can hold thousands: the first say enough
+        rest = len(shown) - MAX_PROBLEMS
+        shown = [*shown[:MAX_PROBLEMS], f"... and {rest} more problem(s) like these"]
+    return shown
 
 
 def _problem(error: ErrorDetails) -> str:

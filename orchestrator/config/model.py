@@ -25,6 +25,7 @@ from orchestrator.config.values import (
     HostAddress,
     Interpreter,
     Label,
+    ModuleName,
     UserName,
     _check_path,
     show,
@@ -77,7 +78,7 @@ class JobSection(_Model):
 class EntrypointSection(_Model):
     """What each task trains: `python -m MODULE ARGS` or `python SCRIPT ARGS`."""
 
-    module: str | None = None
+    module: ModuleName | None = None
     script: ConfigPath | None = None
     args: list[str] = []
     env: dict[str, str] = {}

@@ -147,11 +147,22 @@ def _check_path(path: Path) -> Path:
 
 
 def _check_interpreter(python: str) -> str:
-    if not python or not python.isprintable() or any(c.isspace() for c in python):
+    # A path may hold spaces ("/opt/my envs/bin/python"); a name may not, and no word of a
+    # path may be an option ("/usr/bin/python3 -u"): it is one executable, never a command.
+    words = python.split()
+    spaced = len(words) > 1 and ("/" not in words[0] or any(w.startswith("-") for w in words))
+    if not python or not python.isprintable() or python != python.strip() or spaced:
         raise ValueError(
             f"must be one executable (a name or a path), not a command line: {show(python)}"
         )
     return python
+
+
+def _check_module(module: str) -> str:
+    """What `python -m` takes: dotted identifiers (never an option such as '-c')."""
+    if not all(part.isidentifier() for part in module.split(".")):
+        raise ValueError(f"must be a module name such as 'pkg.train' (got {show(module)})")
+    return module
 
 
 def oneline(what: BaseException | str) -> str:
@@ -178,6 +189,7 @@ HostAddress = Annotated[str, Field(min_length=1), AfterValidator(_check_address)
 UserName = Annotated[str, AfterValidator(_check_user)]
 Label = Annotated[str, Field(min_length=1, max_length=64), AfterValidator(_check_label)]
 Interpreter = Annotated[str, AfterValidator(_check_interpreter)]
+ModuleName = Annotated[str, Field(max_length=MAX_PATH), AfterValidator(_check_module)]
 # A command run on a host: an argv list whose program is named.
 Argv = Annotated[list[str], AfterValidator(lambda argv: _check_argv(argv))]
 
