@@ -6,6 +6,7 @@ them, so `orchestrate status` starts fast. TensorFlow is never imported here.
 
 from __future__ import annotations
 
+import sqlite3
 import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated
@@ -263,6 +264,13 @@ def main() -> None:
         if isinstance(exc, click.ClickException):
             exc.show()
             sys.exit(exc.exit_code)
+        if isinstance(exc, sqlite3.DatabaseError):  # the store damaged after it was opened
+            from orchestrator.paths import state_db
+            from orchestrator.store_schema import unreadable_store
+
+            problem = unreadable_store(state_db(), exc)
+            sys.stderr.write(error_lines(problem))
+            sys.exit(exit_code_for(problem))
         sys.stderr.write(f"error: {type(exc).__name__}: {exc}\n")
         sys.exit(1)
     sys.exit(code if isinstance(code, int) else 0)

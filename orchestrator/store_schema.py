@@ -140,9 +140,23 @@ def open_database(path: Path) -> sqlite3.Connection:
     # (one at a time, under its own lock).
     db = sqlite3.connect(path, timeout=30, isolation_level=None, check_same_thread=False)
     db.row_factory = sqlite3.Row
-    db.execute("PRAGMA foreign_keys=ON")
-    _retry_locked(path, lambda: _initialise(db, path))
+    try:
+        db.execute("PRAGMA foreign_keys=ON")
+        _retry_locked(path, lambda: _initialise(db, path))
+    except sqlite3.DatabaseError as exc:
+        db.close()
+        raise unreadable_store(path, exc) from None
     return db
+
+
+def unreadable_store(path: Path, exc: sqlite3.DatabaseError) -> UsageError:
+    """A store SQLite cannot read (a truncated copy, another program's file): what to do."""
+    if isinstance(exc, sqlite3.OperationalError):  # locked, full disk, no permission
+        return UsageError(f"{path}: {exc}")
+    return UsageError(
+        f"{path} is damaged ({exc}): move it away (mv {path} {path}.damaged) and orchestrate "
+        "starts a new one; the jobs it recorded are then no longer listed"
+    )
 
 
 def _retry_locked(path: Path, action: Callable[[], None]) -> None:

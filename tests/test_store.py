@@ -179,3 +179,18 @@ def test_a_non_utf8_job_ref_on_the_command_line_is_bad_input(tmp_path: Path) -> 
     assert done.returncode == 2, done
     assert done.stderr.startswith(b"error: no job 'job-\\xff'"), done.stderr
     assert done.stderr.count(b"\n") == 1, done.stderr
+
+
+@pytest.mark.parametrize("content", [b"\x17garbage" * 700, b"SQLite format 3\x00" + b"\xff" * 5000])
+def test_a_damaged_store_is_one_line_that_says_what_to_do(tmp_path: Path, content: bytes) -> None:
+    import os
+
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "state.db").write_bytes(content)
+    env = {**os.environ, "ORCHESTRATE_HOME": str(home)}
+    done = subprocess.run([sys.executable, "-m", "orchestrator", "status"], capture_output=True,
+                          text=True, env=env, check=False)  # fmt: skip
+    assert done.returncode == 2, done
+    assert done.stderr.count("\n") == 1 and "is damaged" in done.stderr, done.stderr
+    assert f"mv {home}/state.db {home}/state.db.damaged" in done.stderr, done.stderr
