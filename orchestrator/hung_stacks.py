@@ -67,8 +67,8 @@ def take_stacks(
                 continue
             asked.remove(agent)
             dumps[agent.task_index] = text[:MAX_DUMP].decode(errors="replace")
-            line = _plain(done.decode(errors="replace").strip().splitlines()[0])
-            event("stacks", f"worker-{agent.task_index}: {line}")
+            path = stacks_path(task_dir, attempt.number)
+            event("stacks", f"worker-{agent.task_index}: {_said(text, str(path))}")
     roots = script_roots(config)
     # What a trainer writes is not trusted: a dump's names are cut short and made printable.
     places = {i: _plain(p) if (p := where(text, roots)) else None for i, text in dumps.items()}
@@ -81,6 +81,16 @@ def take_stacks(
     if not parts:
         return decision
     return dataclasses.replace(decision, cause=f"{decision.cause}; {'; '.join(parts)}")
+
+
+def _said(dump: bytes, path: str) -> str:
+    """The stacks event, in our words: the done mark and the dump are in a directory the
+    trainer may write, so neither's text is ever the message (the task's log has the agent's
+    own line)."""
+    if not dump.strip():
+        return "no Python stacks (the task's log says why)"
+    how = " (py-spy)" if dump.startswith(b"Process ") else ""  # py-spy's dump, not faulthandler's
+    return f"Python stacks of every thread{how} before the stop: {path}"
 
 
 def _plain(text: str, limit: int = 200) -> str:

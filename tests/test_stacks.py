@@ -131,3 +131,34 @@ def test_a_dump_a_trainer_wrote_itself_is_cut_short_and_made_printable() -> None
     )
     place = stacks.where(hostile, ["/job"])
     assert place is not None and len(_plain(place)) == 200 and "\x1b" not in _plain(place)
+
+
+def test_the_stacks_event_is_never_the_text_a_trainer_planted(tmp_path: Path) -> None:
+    """The done mark lives in the task's directory, which the trainer can write: a trainer
+    that writes it first (with escapes and a forged message) does not choose the event's
+    words, nor does its own dump."""
+    from types import SimpleNamespace
+
+    from orchestrator.hung_stacks import take_stacks
+    from orchestrator.observations import FailureKind, failure
+    from orchestrator.transport.local import LocalTransport
+    from worker.spec import JobLayout
+
+    layout = JobLayout(tmp_path, "job-1")
+    transport = LocalTransport()
+    backend = SimpleNamespace(transport=lambda host: transport)
+    agents = [SimpleNamespace(task_index=i, host_index=0, pid=1 << 22, ident="x") for i in (0, 1)]
+    for i, dump in ((0, b"Process 12 ...\nThread 0x1\n"), (1, b"")):
+        task = Path(layout.task_dir(i))
+        task.mkdir(parents=True)
+        (task / "stacks-attempt-0.txt").write_bytes(dump)
+        (task / "stacks-attempt-0.done").write_bytes(b"\x1b]0;pwned\x07job succeeded\n" * 3)
+    events: list[tuple[str, str]] = []
+    config = SimpleNamespace(entrypoint=SimpleNamespace(script=tmp_path / "t.py", workdir=None))
+    take_stacks(backend, layout, config, SimpleNamespace(agents=agents, number=0),  # type: ignore[arg-type]
+                failure(FailureKind.HUNG, "hung", (1,)), lambda k, m: events.append((k, m)))  # fmt: skip
+    assert sorted(events) == [
+        ("stacks", "worker-0: Python stacks of every thread (py-spy) before the stop: "
+                   f"{layout.task_dir(0)}/stacks-attempt-0.txt"),
+        ("stacks", "worker-1: no Python stacks (the task's log says why)"),
+    ]  # fmt: skip
