@@ -164,6 +164,8 @@ def _supervise(
             raise
     supervisor.install_signal_handlers()
     state = supervisor.adopt() if adopt else supervisor.run()
+    if state == JobState.STOPPED and supervisor.stopped_by is not None:
+        raise typer.Exit(128 + supervisor.stopped_by)  # as a shell reports it: 130 for Ctrl-C
     if state != JobState.SUCCEEDED:
         raise typer.Exit(1)
 

@@ -47,6 +47,9 @@ def start_detached_supervisor(
             break
         if not is_same(supervisor.pid, supervisor.ident):  # it died before the job ran
             current = store.get_job(job.id)  # it may have ended the job just before exiting
+            if current.state == JobState.STOPPING:  # a `stop` ended it: the stop says how
+                time.sleep(0.1)
+                continue
             if not current.state.is_terminal():
                 tail = _last_line(log) or "no output"
                 fail_job(store, job.id, f"the supervisor exited during launch: {tail}")

@@ -82,6 +82,14 @@ class JobStateMachine:
             )
         self.state = new
 
+    def stop_if_pending(self, cause: str) -> bool:
+        """PENDING becomes STOPPING in one statement, unless a supervisor claimed the job
+        first (then it stops the job itself)."""
+        if not self.store.move_job(self.job_id, JobState.PENDING, JobState.STOPPING, cause):
+            return False
+        self.state = JobState.STOPPING
+        return True
+
     def reopen(self, **fields: Any) -> None:
         """`resume`: the one way out of an ending, for a failed or stopped job only: PENDING
         again, for a supervisor to launch its next attempt."""

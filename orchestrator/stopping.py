@@ -57,6 +57,10 @@ def stop_without_supervisor(store: Store, job: JobRecord) -> Sweep:
 def stop_job(store: Store, job: JobRecord) -> JobState:
     """Stop a job: its supervisor first (SIGTERM, then wait while it stops the tasks), then a
     sweep of every host. Returns the job's state; raises when the stop is not confirmed."""
+    # A job no supervisor has claimed yet (`launch --detach` still starting one) is STOPPING
+    # from now on: the supervisor cannot claim it, and whoever waits for it sees a stop, not
+    # a supervisor that died.
+    JobStateMachine(store, job.id).stop_if_pending("stopped on request")
     if not job.state.is_terminal() and supervisor_alive(job) and job.supervisor_pid is not None:
         os.kill(job.supervisor_pid, signal.SIGTERM)  # identity checked just above
         grace = stored_config(job).supervision.stop_grace

@@ -237,6 +237,14 @@ class Store:
         )
         return cursor.rowcount == 1
 
+    def move_job(self, job_id: str, state: JobState, new_state: JobState, cause: str) -> bool:
+        """Move the job from `state` to `new_state` only if it is still in `state`."""
+        cursor = self._db.execute(
+            "UPDATE jobs SET state = ?, last_cause = ?, updated = ? WHERE id = ? AND state = ?",
+            (new_state, cause, time.time(), job_id, state),
+        )
+        return cursor.rowcount == 1
+
     def get_job(self, ref: str) -> JobRecord:
         """A job by id, the newest job with that name, or a unique id prefix."""
         if not ref.strip():

@@ -69,6 +69,7 @@ class Supervisor:
         self.sink = sink
         self.backend = backend or open_backend(config)
         self.stop_requested = threading.Event()
+        self.stopped_by: int | None = None  # the first signal that asked for the stop
         self.layout = job_layout(config, job.id)
         self.attempt = job.attempt
         self.tick = Tick(
@@ -84,6 +85,8 @@ class Supervisor:
 
     def install_signal_handlers(self) -> None:
         def on_signal(signum: int, frame: FrameType | None) -> None:
+            if self.stopped_by is None:
+                self.stopped_by = signum
             self.stop_requested.set()
 
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):

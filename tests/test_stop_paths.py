@@ -31,6 +31,7 @@ from tests.conftest import (
     job_processes,
     job_view,
     launch_detached,
+    status_json,
     wait_for,
     wait_for_end,
 )
@@ -461,3 +462,66 @@ def test_two_processes_creating_one_store_at_once_both_succeed(tmp_path: Path) -
     for i in range(rounds):
         with sqlite3.connect(tmp_path / f"{i}.db") as db:
             assert db.execute("PRAGMA user_version").fetchone()[0] >= 3
+
+
+@pytest.mark.parametrize("handlers", ["before", "after"])
+def test_a_stop_while_a_detached_launch_is_pending_leaves_the_job_stopped(
+    cli: Callable[..., CliResult], tmp_path: Path, reap_pids: list[int], handlers: str
+) -> None:
+    """`stop` lands while the detached supervisor is still starting (held 2 s here), with its
+    signal handlers installed or not yet: the job is `stopped`, never `failed`, and nothing
+    was started."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    install = "import signal; signal.signal(signal.SIGTERM, lambda *a: None)" * (
+        handlers == "before"
+    )
+    (hook / "sitecustomize.py").write_text(
+        f'import sys, time\nif "supervise" in sys.orig_argv:\n    {install or "pass"}\n'
+        "    time.sleep(2)\n"
+    )
+    config = tmp_path / "cluster.toml"
+    config.write_text(fake_job(tmp_path, ["--mode", "sleep"]))
+    env = {**os.environ, "PYTHONPATH": f"{hook}:{REPO}"}
+    launch = subprocess.Popen([sys.executable, "-m", "orchestrator", "launch", "--detach",
+                               str(config)], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        pending = wait_for(lambda: [j for j in status_json(cli)["jobs"]
+                                    if j["supervisor"]["pid"]], 30)  # fmt: skip
+        [job] = pending  # type: ignore[misc]
+        reap_pids.append(job["supervisor"]["pid"])
+        assert job["state"] == "pending", job
+        stopped = cli("stop", job["id"])
+        _, err = launch.communicate(timeout=60)
+    finally:
+        if launch.poll() is None:
+            launch.kill()
+    assert stopped.code == 0, stopped
+    final = wait_for_end(cli, job["id"])
+    assert final["state"] == "stopped", (final, err)
+    assert "exited during launch" not in err, err
+    assert not list((tmp_path / "shared" / job["id"]).glob("tasks/*/trainer.pid"))
+
+
+def test_ctrl_c_to_a_foreground_launch_stops_the_job_and_exits_130(
+    cli: Callable[..., CliResult], tmp_path: Path, reap_pids: list[int]
+) -> None:
+    config = tmp_path / "cluster.toml"
+    config.write_text(fake_job(tmp_path, ["--mode", "sleep"]))
+    launch = subprocess.Popen([sys.executable, "-m", "orchestrator", "launch", "--plain",
+                               str(config)], cwd=REPO, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True)  # fmt: skip
+    reap_pids.append(launch.pid)
+    try:
+        wait_for(lambda: [j for j in status_json(cli)["jobs"] if j["state"] == "running"], 60)
+        assert launch.poll() is None
+        launch.send_signal(signal.SIGINT)  # our own child, still running (checked above)
+        _, err = launch.communicate(timeout=60)
+    finally:
+        if launch.poll() is None:
+            launch.kill()
+    assert launch.returncode == 130, err
+    [job] = status_json(cli)["jobs"]
+    assert job["state"] == "stopped", job
+    assert not job_processes(job["id"])
