@@ -3,8 +3,10 @@ payload, read once per process, and the argv that runs one of its programs from 
 
 from __future__ import annotations
 
+import base64
 import functools
 import os
+import zlib
 
 import worker
 from worker import ship
@@ -28,8 +30,14 @@ def payload() -> bytes:
 
 @functools.cache
 def helper_argv(python: str) -> tuple[str, ...]:
-    """The SSH host helper's command (worker.ship.helper_argv), made once per interpreter."""
-    return tuple(ship.helper_argv(python, digest()))
+    """The command that starts the SSH host helper from this package's copy on a host that may
+    have none yet: worker/ship.py's own source (it finds the copy, or asks for it and installs
+    it, then serves from it), compressed onto one line (login shells differ on newlines). Made
+    once per interpreter."""
+    with open(os.path.abspath(ship.__file__), "rb") as fh:
+        source = base64.b64encode(zlib.compress(fh.read(), 9)).decode()
+    code = f"import base64,zlib;exec(zlib.decompress(base64.b64decode('{source}')))"
+    return (python, "-c", code, "hostd", ship.PREFIX + digest())
 
 
 def program_argv(python: str, copy: str, program: str, *args: str) -> list[str]:
@@ -39,11 +47,24 @@ def program_argv(python: str, copy: str, program: str, *args: str) -> list[str]:
 
 
 def copy_under(root: str) -> str:
-    """This package's copy under root (a Slurm job's shared directory), installed if missing."""
+    """This package's copy under root (`<shared_dir>/.orchestrate`, a Slurm job's), installed if
+    missing or no longer intact. Every task of a step runs it as the job's user on every node:
+    UnsafeCache, one line, unless shared_dir is ours and closed to others' writes (whoever may
+    write there could swap root between this check and the step's start)."""
+    try:
+        ship.check_parent(root)
+    except ship.UnsafeCache as exc:
+        shared = os.path.dirname(root)
+        raise ship.UnsafeCache(
+            f"{exc}: another user could swap the worker package that every task runs as you; "
+            f"make it yours alone (chmod g-w,o-w {shared}) or set shared_dir to a directory "
+            "only you can write"
+        ) from None
     return ship.installed(root, digest()) or ship.install(root, digest(), payload())
 
 
 def local_copy() -> str:
-    """This package's copy in this user's cache on this machine, installed if missing (looked
-    for on every use, which also marks it used: a long job's copy is never pruned under it)."""
+    """This package's copy in this user's cache on this machine, installed if missing or no
+    longer intact (looked for, and hashed again, on every use, which also marks it used: a long
+    job's copy is never pruned under it)."""
     return ship.find(digest()) or ship.install_somewhere(digest(), payload())

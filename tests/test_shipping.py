@@ -165,3 +165,65 @@ def test_a_host_clock_days_ahead_prunes_nothing_used_recently(
     monkeypatch.setattr(time, "time", lambda: real() + 3 * 86400)
     ship.prune(str(tmp_path), keep=_copy(tmp_path, 100, age=0))
     assert set(recent) <= {p.name for p in tmp_path.iterdir()}
+
+
+def test_the_helper_refuses_to_start_from_a_copy_edited_since_and_the_next_installs_it(
+    tmp_path: Path,
+) -> None:
+    """A helper lives as long as its connection: a copy edited meanwhile (worker/spec.py, which
+    every agent and trainer imports) is found at the next start, not run."""
+    copy = tmp_path / "orchestrate" / f"worker-{shipping.digest()}"
+    ship.install(str(copy.parent), shipping.digest(), shipping.payload())
+    helper = _helper(tmp_path)
+    assert helper.stdin is not None and helper.stdout is not None
+    assert json.loads(helper.stdout.readline()) == {"ready": 1, "root": str(copy)}
+    spec = copy / "worker" / "spec.py"
+    spec.write_bytes(spec.read_bytes() + b"\nraise SyntaxError('edited')\n")
+    request = {
+        "id": 1,
+        "op": "start",
+        "args": {"argv": ["true"], "log_path": str(tmp_path / "agent.log"), "env": {}},
+    }
+    helper.stdin.write(json.dumps(request).encode() + b"\n")
+    helper.stdin.flush()
+    reply = json.loads(helper.stdout.readline())
+    assert reply["ok"] is False and "changed after it was installed" in reply["error"], reply
+    assert helper.wait(30) == 1  # the channel closes: the coordinator starts a new helper
+    assert not copy.exists() and not (tmp_path / "agent.log").exists()
+    again = _helper(tmp_path)
+    out, _ = again.communicate(b"", timeout=30)
+    assert out == b'{"need": 1}\n'
+
+
+def test_a_shared_dir_another_user_may_write_is_refused_for_slurm_copies(
+    shared_tmp: Path,
+) -> None:
+    """In a shared_dir others may write, another user swaps `.orchestrate` after our check
+    (shown here), and every task of the step would run their code as us: copy_under refuses
+    such a shared_dir, and one that belongs to another user; in ours alone they cannot."""
+    env = {"PATH": os.environ["PATH"]}
+    shared = shared_tmp / "project"
+    shared.mkdir()
+    shared.chmod(0o777)
+    root = shared / ".orchestrate"
+    ship.install(str(root), shipping.digest(), shipping.payload())  # as a check would find it
+    swap = f"mv {root} {shared}/.mine && mkdir -p {root}/worker-{shipping.digest()}/worker"
+    swapped = as_nobody(["sh", "-c", swap], env)
+    assert swapped.wait(10) == 0, swapped.stdout.read() if swapped.stdout else ""
+    assert root.stat().st_uid == 65534  # theirs, where the step's argv points
+    with pytest.raises(ship.UnsafeCache, match=f"chmod g-w,o-w {shared}"):
+        shipping.copy_under(str(root))
+    # A shared_dir of another user's (its owner may swap what is in it) is refused too.
+    theirs = shared_tmp / "theirs"
+    theirs.mkdir(mode=0o755)
+    os.chown(theirs, 65534, 65534)
+    with pytest.raises(ship.UnsafeCache, match="uid 65534"):
+        shipping.copy_under(str(theirs / ".orchestrate"))
+    assert list(theirs.iterdir()) == []
+    # Ours alone: the copy goes there and the other user cannot move it away.
+    mine = shared_tmp / "mine"
+    mine.mkdir(mode=0o755)
+    copy = shipping.copy_under(str(mine / ".orchestrate"))
+    moved = as_nobody(["mv", str(mine / ".orchestrate"), str(mine / ".gone")], env)
+    assert moved.wait(10) != 0
+    assert ship.intact(copy, shipping.digest())

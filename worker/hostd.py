@@ -5,6 +5,9 @@ The coordinator starts it once over SSH, from the copy of the worker package it 
 stdout. Each request then costs one round trip, with no login shell start-up and no
 interpreter start-up on the host (about 80 ms and 40 ms per command otherwise).
 Requests run in threads, so a slow `stop` does not hold up a `probe`. Standard library only.
+Before each `start` the copy is hashed again (worker.ship.keep_if_intact): one edited since its
+install is removed, the start refused naming it, and the helper exits, so that the host's next
+helper installs the copy afresh.
 
 Operations (`handle`): probe, read_tokens, alive, watch (worker.host_watch), stop, stop_job,
 start, remove; and for `orchestrate check` (worker.netcheck): listen, unlisten, connect, route.
@@ -21,7 +24,7 @@ import sys
 import threading
 from typing import Any
 
-from worker import contact, host_watch, probe, proctl
+from worker import contact, host_watch, probe, proctl, ship
 from worker.atomic import makedirs_private, write_bytes_atomic
 
 
@@ -47,6 +50,10 @@ def start(argv: list[str], log_path: str, env: dict[str, str] | None = None,
     ident = proctl.identity(proc.pid) or ""  # read before the reaper can reap it
     threading.Thread(target=proc.wait, daemon=True).start()  # reap it; it outlives us if need be
     return {"pid": proc.pid, "ident": ident}
+
+
+class CopyChanged(RuntimeError):
+    """The copy this helper runs from is no longer the package it was installed as."""
 
 
 def _b64(data: bytes | None) -> str | None:
@@ -120,9 +127,19 @@ def serve(stdin: Any = None, stdout: Any = None) -> int:
     stdin = stdin or sys.stdin.buffer
     stdout = stdout or sys.stdout.buffer
     lock = threading.Lock()
+    # Where this helper's worker package is: agents are started from the same copy.
+    root = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
+    digest = ship.digest_in_name(root)  # None: not run from a shipped copy
 
     def answer(request: dict[str, Any]) -> None:
+        changed = False
         try:
+            if request["op"] == "start" and digest and not ship.keep_if_intact(root, digest):
+                changed = True
+                raise CopyChanged(
+                    f"the worker package's copy {root} changed after it was installed (it no "
+                    "longer matches its digest): removed; the host's next helper installs it again"
+                )
             reply = {
                 "id": request["id"],
                 "ok": True,
@@ -134,9 +151,9 @@ def serve(stdin: Any = None, stdout: Any = None) -> int:
         with lock:
             stdout.write(data)
             stdout.flush()
+            if changed:  # nothing more runs from the copy that is gone: the channel closes
+                os._exit(1)
 
-    # Where this helper's worker package is: agents are started from the same copy.
-    root = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
     stdout.write(json.dumps({"ready": 1, "root": root}).encode() + b"\n")
     stdout.flush()
     for line in stdin:

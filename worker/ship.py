@@ -7,14 +7,17 @@ A copy lives at `<root>/worker-<DIGEST>/worker/`, where root is `$XDG_CACHE_HOME
 nodes the coordinator reaches only through the shared directory. Installs are atomic (unpacked
 beside, checked against the digest, renamed into place), so hosts sharing a home directory may
 install at once. A directory that is not ours alone (another owner, a link, writable by others)
-is never used. Old copies are pruned: never one a process of ours runs from, nor one of the
+is never used, nor one whose parent others may write. A copy is hashed again at every use (1 ms):
+one that no longer matches the digest in its name (an edit after install) is renamed away and
+installed afresh. Old copies are pruned: never one a process of ours runs from, nor one of the
 newest KEEP, nor one used within a day (the programs running from a copy renew it hourly).
 
-On an SSH host this file's own source is the first thing to run (see `helper_argv`): it finds
-the copy, or says `{"need": 1}`, reads `SIZE\\n` and that many bytes of .tar.gz from stdin and
-installs them, then serves as the host helper from the copy. Standard library only, and it
-imports nothing of the package it ships (there may be none yet). What only packing and
-installing need (tarfile, zlib, shutil) is imported where it is used: every agent imports this.
+On an SSH host this file's own source is the first thing to run (see orchestrator.shipping's
+helper_argv): it finds the copy, or says `{"need": 1}`, reads `SIZE\\n` and that many bytes of
+.tar.gz from stdin and installs them, then serves as the host helper from the copy. Standard
+library only, and it imports nothing of the package it ships (there may be none yet). What only
+packing and installing need (tarfile, zlib, shutil) is imported where it is used: every agent
+imports this.
 """
 
 from __future__ import annotations
@@ -129,15 +132,76 @@ def _private_root(root: str) -> None:
 
 
 def installed(root: str, digest: str) -> str | None:
-    """The copy's directory (to put on sys.path) if it is there and ours; marks it used."""
+    """The copy's directory (to put on sys.path) if it is there, ours and intact; marks it
+    used. A copy that is not intact is removed (None: install it again)."""
     path = os.path.join(root, PREFIX + digest)
     try:
         _check_ours(root)
         _check_ours(path)
     except FileNotFoundError:
         return None
+    if not keep_if_intact(path, digest):
+        return None
     mark_used(path)
     return os.path.realpath(path)  # what runs from it never goes through a link again
+
+
+def digest_in_name(copy: str) -> str | None:
+    """The digest a copy's directory is named for; None for a directory that is no copy."""
+    match = _COPY_NAME.fullmatch(os.path.basename(copy))
+    return match.group(1) if match else None
+
+
+def intact(copy: str, digest: str) -> bool:
+    """Whether the copy holds exactly the package it was installed as: its .py files hash to
+    the digest (as digest_of: bytecode caches aside, which Python checks against the sources),
+    and nothing Python could load instead is there (a link, an extension module, a stray file)."""
+    try:
+        if os.listdir(copy) != ["worker"]:
+            return False
+        files: list[tuple[str, bytes]] = []
+        pending = ["worker"]
+        while pending:
+            folder = pending.pop()
+            with os.scandir(os.path.join(copy, folder)) as entries:
+                for entry in entries:
+                    name = f"{folder}/{entry.name}"
+                    if entry.is_dir(follow_symlinks=False):
+                        if entry.name != "__pycache__":
+                            pending.append(name)
+                    elif entry.is_file(follow_symlinks=False) and entry.name.endswith(".py"):
+                        fd = os.open(entry.path, os.O_RDONLY | os.O_NOFOLLOW)
+                        with os.fdopen(fd, "rb") as fh:
+                            files.append((name, fh.read()))
+                    else:
+                        return False
+        return digest_of(sorted(files)) == digest
+    except OSError:
+        return False
+
+
+def keep_if_intact(copy: str, digest: str) -> bool:
+    """True when the copy is intact; else it is renamed away (its name then holds a whole copy
+    or none) and removed, and False. A copy a racing install put there meanwhile is kept."""
+    import shutil
+
+    try:
+        seen = os.lstat(copy).st_ino
+    except FileNotFoundError:
+        return False
+    if intact(copy, digest):
+        return True
+    trash = f"{os.path.dirname(copy)}/.tmp-{os.path.basename(copy)}-{os.urandom(6).hex()}"
+    try:
+        os.rename(copy, trash)
+    except FileNotFoundError:
+        return False  # another process took it away first
+    if os.lstat(trash).st_ino != seen:  # not the one found broken: a racing install's, back
+        with contextlib.suppress(OSError):
+            os.rename(trash, copy)
+            return False  # the caller's install finds it there
+    shutil.rmtree(trash, ignore_errors=True)
+    return False
 
 
 def mark_used(copy: str) -> None:
@@ -166,11 +230,15 @@ def install(root: str, digest: str, payload: bytes) -> str:
             with os.fdopen(fd, "wb") as fh:
                 fh.write(data)
         _compile(staging)
-        try:
-            os.rename(staging, final)
-        except OSError:
-            if installed(root, digest) is None:  # not a racing install: a real failure
-                raise
+        for last in (False, True):
+            try:
+                os.rename(staging, final)
+                break
+            except OSError:
+                if installed(root, digest) is not None:  # a racing install's, intact
+                    break
+                if last:  # not a copy that was broken (removed: try again): a real failure
+                    raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     prune(root, keep=PREFIX + digest)
@@ -191,7 +259,7 @@ def find(digest: str) -> str | None:
     """The copy `digest` in the first of cache_roots() that has it, if any."""
     for root in cache_roots():
         with contextlib.suppress(OSError):  # an unsafe or unreadable root is passed over
-            _check_parent(root)
+            check_parent(root)
             found = installed(root, digest)
             if found is not None:
                 return found
@@ -204,18 +272,19 @@ def install_somewhere(digest: str, payload: bytes) -> str:
     for root in cache_roots():
         try:
             if os.path.isdir(os.path.dirname(root)):
-                _check_parent(root)  # before anything is made in it
+                check_parent(root)  # before anything is made in it
             _private_root(root)
-            _check_parent(root)
+            check_parent(root)
             return install(root, digest, payload)
         except OSError as exc:
             problems.append(f"{root}: {exc}")
     raise OSError("no directory of ours to install the worker package in: " + "; ".join(problems))
 
 
-def _check_parent(root: str) -> None:
-    """A cache's parent (~/.cache, /tmp/orchestrate-UID) is ours and closed to others' writes
-    too: whoever may write there could swap the cache between our check and our use."""
+def check_parent(root: str) -> None:
+    """A cache's parent (~/.cache, /tmp/orchestrate-UID, a Slurm job's shared_dir) is ours and
+    closed to others' writes too: whoever may write there could swap the cache between our
+    check and our use."""
     parent = os.path.dirname(root)
     info = os.lstat(parent)
     if stat.S_ISLNK(info.st_mode):
@@ -280,18 +349,6 @@ def prune(root: str, keep: str) -> None:
 
 
 # --- the SSH host helper, started from a copy ------------------------------------------------
-def helper_argv(python: str, digest: str) -> list[str]:
-    """The command that starts the host helper from the copy `digest` on a host that may have
-    none yet: this file's source, compressed onto one line (login shells differ on newlines)."""
-    import base64
-    import zlib
-
-    with open(os.path.abspath(__file__), "rb") as fh:
-        source = base64.b64encode(zlib.compress(fh.read(), 9)).decode()
-    code = f"import base64,zlib;exec(zlib.decompress(base64.b64decode('{source}')))"
-    return [python, "-c", code, "hostd", PREFIX + digest]
-
-
 def _read_exactly(stream: BinaryIO, size: int) -> bytes:
     data = bytearray()
     while len(data) < size:

@@ -265,6 +265,12 @@ class SlurmHosts:
         time limit requeues the job first (a restart could not finish an epoch). False: a stop
         was requested while waiting."""
         if self.allocation is None:
+            try:  # before anything is submitted: a shared_dir others may write is refused
+                shipping.copy_under(worker_copies(config))
+            except (OSError, ValueError) as exc:
+                raise PreflightError(
+                    f"cannot install the worker package in shared_dir: {exc}"
+                ) from None
             self.allocation = submit(config, job_id, layout)
             self.owns_allocation = True
             submitted(self.allocation.id)

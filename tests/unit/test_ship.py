@@ -155,7 +155,6 @@ def test_a_cache_whose_parent_others_may_write_is_passed_over(
     assert copy.startswith(str(private)) and not (shared / "orchestrate").exists()
     # A copy someone left in the open place is not found either.
     ship.install(str(shared / "orchestrate"), digest, ship.pack(FILES))
-    (private / "orchestrate" / f"worker-{digest}" / "worker" / "__init__.py").unlink()
     assert ship.find(digest) == copy
 
 
@@ -170,9 +169,146 @@ def test_a_parent_that_is_a_link_counts_only_where_others_cannot_write(tmp_path:
         place.chmod(mode)
         (place / "link").symlink_to(target)
     with pytest.raises(ship.UnsafeCache, match="is a link in a directory others may write"):
-        ship._check_parent(str(tmp_path / "open" / "link" / "orchestrate"))
-    ship._check_parent(str(tmp_path / "home" / "link" / "orchestrate"))
+        ship.check_parent(str(tmp_path / "open" / "link" / "orchestrate"))
+    ship.check_parent(str(tmp_path / "home" / "link" / "orchestrate"))
     # What runs from a copy never goes through the link again.
     digest = ship.digest_of(FILES)
     copy = ship.install(str(tmp_path / "home" / "link" / "orchestrate"), digest, ship.pack(FILES))
     assert copy == str(target / "orchestrate" / f"worker-{digest}")
+
+
+# --- a copy is hashed again at every use -----------------------------------------------------
+def _break(copy: Path, how: str) -> None:
+    package = copy / "worker"
+    if how == "an edited module":
+        (package / "sub" / "mod.py").write_bytes(b"Y = 'not what was shipped'\n")
+    elif how == "a module added":
+        (package / "extra.py").write_bytes(b"\n")
+    elif how == "a module removed":
+        (package / "sub" / "mod.py").unlink()
+    elif how == "an extension module that shadows a source":  # loaded before mod.py
+        (package / "sub" / "mod.cpython-311-x86_64-linux-gnu.so").write_bytes(b"\x7fELF")
+    elif how == "a module that is a link":
+        (package / "sub" / "mod.py").unlink()
+        (copy.parent / "elsewhere.py").write_bytes(b"Y = 2\n")  # even the same bytes
+        (package / "sub" / "mod.py").symlink_to(copy.parent / "elsewhere.py")
+    elif how == "a file beside the package":  # on sys.path too: sitecustomize runs at start
+        (copy / "sitecustomize.py").write_bytes(b"\n")
+    else:
+        raise AssertionError(how)
+
+
+@pytest.mark.parametrize(
+    "how",
+    [
+        "an edited module",
+        "a module added",
+        "a module removed",
+        "an extension module that shadows a source",
+        "a module that is a link",
+        "a file beside the package",
+    ],
+)
+def test_a_copy_changed_after_install_is_removed_at_its_next_use_and_installed_again(
+    tmp_path: Path, how: str
+) -> None:
+    root = tmp_path / "orchestrate"
+    digest, payload = ship.digest_of(FILES), ship.pack(FILES)
+    copy = Path(ship.install(str(root), digest, payload))
+    _break(copy, how)
+    assert ship.installed(str(root), digest) is None
+    assert not copy.exists()
+    assert [p.name for p in root.iterdir() if p.name.startswith(".tmp-")] == []  # none left
+    assert ship.install(str(root), digest, payload) == str(copy)
+    assert ship.installed(str(root), digest) == str(copy)
+    assert (copy / "worker" / "sub" / "mod.py").read_bytes() == b"Y = 2\n"
+
+
+def test_bytecode_a_python_wrote_in_a_copy_is_no_change(tmp_path: Path) -> None:
+    """Caches another interpreter writes beside the copy's own are Python's (it checks them
+    against the sources), not a change to the package."""
+    digest = ship.digest_of(FILES)
+    copy = Path(ship.install(str(tmp_path), digest, ship.pack(FILES)))
+    (copy / "worker" / "sub" / "__pycache__" / "mod.cpython-399.pyc").write_bytes(b"x")
+    assert ship.installed(str(tmp_path), digest) == str(copy)
+
+
+def test_install_over_a_broken_copy_replaces_it(tmp_path: Path) -> None:
+    digest, payload = ship.digest_of(FILES), ship.pack(FILES)
+    copy = Path(ship.install(str(tmp_path), digest, payload))
+    _break(copy, "an edited module")
+    assert ship.install(str(tmp_path), digest, payload) == str(copy)
+    assert (copy / "worker" / "sub" / "mod.py").read_bytes() == b"Y = 2\n"
+
+
+def test_uses_racing_over_a_broken_copy_all_end_with_a_whole_one(tmp_path: Path) -> None:
+    digest, payload = ship.digest_of(FILES), ship.pack(FILES)
+    copy = Path(ship.install(str(tmp_path), digest, payload))
+    _break(copy, "an edited module")
+    results: list[str] = []
+    errors: list[BaseException] = []
+
+    def use() -> None:
+        try:
+            results.append(
+                ship.installed(str(tmp_path), digest)
+                or ship.install(str(tmp_path), digest, payload)
+            )
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=use) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == [] and set(results) == {str(copy)}
+    assert ship.intact(str(copy), digest)
+    assert [p.name for p in tmp_path.iterdir()] == [copy.name]
+
+
+def test_this_packages_copy_with_an_edited_spec_runs_nowhere(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The local cache (local_copy) and a Slurm job's shared directory (copy_under) alike:
+    an edit made to a copy after its install is found at the next use and undone."""
+    monkeypatch.setattr(ship, "cache_roots", lambda: [str(tmp_path / "cache" / "orchestrate")])
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o700)
+    shipped = dict(shipping._files())["worker/spec.py"]
+    for use in (shipping.local_copy, lambda: shipping.copy_under(str(shared / ".orchestrate"))):
+        copy = Path(use())
+        (copy / "worker" / "spec.py").write_bytes(shipped + b"\nraise SystemExit('edited')\n")
+        assert use() == str(copy)
+        assert (copy / "worker" / "spec.py").read_bytes() == shipped
+
+
+# --- a Slurm job's copies: shared_dir is ours alone ------------------------------------------
+@pytest.mark.parametrize("mode", [0o770, 0o775, 0o757, 0o1777], ids=oct)
+def test_copy_under_refuses_a_shared_dir_others_may_write(tmp_path: Path, mode: int) -> None:
+    """Whoever may write in shared_dir could swap `.orchestrate` after the check, and every
+    task of the step would run their code as the job's user: one line, naming the fix."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(mode)
+    with pytest.raises(ship.UnsafeCache) as refused:
+        shipping.copy_under(str(shared / ".orchestrate"))
+    message = str(refused.value)
+    assert "\n" not in message and f"chmod g-w,o-w {shared}" in message
+    assert message.startswith(f"{shared} is not ours alone"), message
+    assert list(shared.iterdir()) == []
+    shared.chmod(0o755)  # closed to others' writes: the copy goes there
+    copy = shipping.copy_under(str(shared / ".orchestrate"))
+    assert copy == str(shared / ".orchestrate" / f"worker-{shipping.digest()}")
+
+
+def test_copy_under_refuses_a_shared_dir_that_is_a_link_others_may_repoint(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "open").mkdir()
+    (tmp_path / "open").chmod(0o1777)
+    (tmp_path / "target").mkdir(mode=0o700)
+    (tmp_path / "open" / "shared").symlink_to(tmp_path / "target")
+    with pytest.raises(ship.UnsafeCache, match="is a link in a directory others may write"):
+        shipping.copy_under(str(tmp_path / "open" / "shared" / ".orchestrate"))
+    assert list((tmp_path / "target").iterdir()) == []
