@@ -21,6 +21,7 @@ import threading
 import time
 from types import FrameType
 
+from orchestrator.agent_errors import name_agent_errors
 from orchestrator.agents import AGENT_STOP_MARGIN
 from orchestrator.attempt import Attempt
 from orchestrator.attempts import BROKEN_GROUP_GRACE, AttemptControl
@@ -182,6 +183,7 @@ class Supervisor:
                 decision = outcome
             if attempt is not None and decision.tasks and decision.kind != FailureKind.HOST_LOST:
                 decision = self.attempts.name_shared_dir_trouble(attempt, decision)
+                decision = name_agent_errors(self.backend, self.layout, attempt, decision)
             self.job_state.to(JobState.STOPPING, last_cause=decision.cause)
             regrow = decision.kind == FailureKind.REGROW
             kind = "regrow" if regrow else "failure"

@@ -525,3 +525,26 @@ def test_ctrl_c_to_a_foreground_launch_stops_the_job_and_exits_130(
     [job] = status_json(cli)["jobs"]
     assert job["state"] == "stopped", job
     assert not job_processes(job["id"])
+
+
+def test_an_agent_that_cannot_start_is_named_with_its_error(
+    cli: Callable[..., CliResult], tmp_path: Path
+) -> None:
+    """The agent dies at start-up with a Python error (here its interpreter refuses to run it;
+    in life, a broken install): the job's cause says the error, not only `agent is gone`."""
+    python = tmp_path / "python"
+    python.write_text(
+        "#!/bin/sh\ncase \"$*\" in *' agent '*) exec " + sys.executable
+        + " -c 'raise RuntimeError(\"no agent here: \\033]0;x\\007\")' ;; esac\n"
+        + f'exec {sys.executable} "$@"\n'
+    )
+    python.chmod(0o755)
+    config = tmp_path / "cluster.toml"
+    config.write_text(fake_job(tmp_path, ["--mode", "sleep"]).replace(
+        "workers = 2", f'workers = 2\npython = "{python}"') + "[restart]\nmax_restarts = 0\n")  # fmt: skip
+    result = cli("launch", "--plain", str(config), timeout=120)
+    assert result.code == 1, result
+    [job] = status_json(cli)["jobs"]
+    assert job["state"] == "failed", job
+    assert "agent is gone; worker-" in job["last_cause"], job
+    assert "'s agent said: RuntimeError: no agent here: ?]0;x?" in job["last_cause"], job

@@ -22,9 +22,10 @@ import shutil
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from typing import Any
 
-from worker import contact, host_watch, probe, proctl, ship
+from worker import contact, host_watch, probe, proctl
 from worker.atomic import makedirs_private, write_bytes_atomic
 
 
@@ -123,18 +124,21 @@ def handle(op: str, args: dict[str, Any]) -> Any:
     raise ValueError(f"unknown operation {op!r}")
 
 
-def serve(stdin: Any = None, stdout: Any = None) -> int:
+def serve(
+    stdin: Any = None, stdout: Any = None, copy_intact: Callable[[], bool] | None = None
+) -> int:
+    """`copy_intact`: whether the copy this helper runs from is still as installed (None: not
+    run from a shipped copy); given by worker.ship, which this module does not import."""
     stdin = stdin or sys.stdin.buffer
     stdout = stdout or sys.stdout.buffer
     lock = threading.Lock()
     # Where this helper's worker package is: agents are started from the same copy.
     root = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
-    digest = ship.digest_in_name(root)  # None: not run from a shipped copy
 
     def answer(request: dict[str, Any]) -> None:
         changed = False
         try:
-            if request["op"] == "start" and digest and not ship.keep_if_intact(root, digest):
+            if request["op"] == "start" and copy_intact is not None and not copy_intact():
                 changed = True
                 raise CopyChanged(
                     f"the worker package's copy {root} changed after it was installed (it no "

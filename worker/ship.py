@@ -385,7 +385,7 @@ def _serve_helper(digest: str) -> int:
     threading.Thread(target=renew, args=(path,), name="renew", daemon=True).start()
     from worker import hostd  # the copy's, now first on sys.path
 
-    return hostd.serve(stdin, stdout)
+    return hostd.serve(stdin, stdout, lambda: keep_if_intact(path, digest))
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["hostd"]:
