@@ -4,16 +4,31 @@ becomes an event and never holds supervision up."""
 
 from __future__ import annotations
 
+import base64
+import contextlib
 import json
+import re
+import resource
+import socket
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tests.conftest import CliResult, fake_job, status_json
+import orchestrator.notify as notify
+from orchestrator.config import load_config
+from orchestrator.config.model import NotifySection
+from orchestrator.errors import ConfigError
+from orchestrator.notify import Notifier
+from orchestrator.states import JobState
+from orchestrator.store import JobRecord, Store
+from tests.conftest import CliResult, fake_job, status_json, wait_for
+from worker.proctl import group_members, is_alive
 
 RECORD = """
 import json, sys
@@ -111,3 +126,335 @@ def test_only_the_chosen_events_and_a_failing_or_hanging_hook_becomes_an_event(
     problems = [e["message"] for e in job["events"] if e["kind"] == "notify_failed"]
     assert problems == ["notify command sleep: still running after 1s"], job["events"]
     assert [d["event"] for d in receiver.received] == ["succeeded"]  # only what was chosen
+
+
+# --- the notifier itself, against raw loopback servers ------------------------------------
+
+Answer = Callable[[socket.socket], None]
+OK = b"HTTP/1.1 204 No Content\r\n\r\n"
+
+
+class RawServer:
+    """A loopback TCP server: its n-th connection gets answers[n] (the last, every later one);
+    keeps each request it read, and when its connection came (monotonic)."""
+
+    def __init__(self, *answers: Answer) -> None:
+        self.answers = answers
+        self.requests: list[bytes] = []
+        self.came: list[float] = []
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.listener.settimeout(0.1)
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}/hook"
+        self.stop = threading.Event()
+        self.threads = [threading.Thread(target=self._serve, daemon=True)]
+        self.threads[0].start()
+
+    def _serve(self) -> None:
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.listener.accept()
+            except TimeoutError:
+                continue
+            self.came.append(time.monotonic())
+            answer = self.answers[min(len(self.came), len(self.answers)) - 1]
+            thread = threading.Thread(target=self._answer, args=(conn, answer), daemon=True)
+            self.threads.append(thread)
+            thread.start()
+
+    def _answer(self, conn: socket.socket, answer: Answer) -> None:
+        with conn, contextlib.suppress(OSError):
+            conn.settimeout(10)
+            data = b""
+            while b"\r\n\r\n" not in data and (chunk := conn.recv(65536)):
+                data += chunk
+            head, _, body = data.partition(b"\r\n\r\n")
+            length = re.search(rb"(?i)\r\ncontent-length: *(\d+)", head)
+            while length and len(body) < int(length[1]) and (chunk := conn.recv(65536)):
+                body += chunk
+            self.requests.append(data[: len(head) + 4] + body)
+            answer(conn)
+
+    def methods(self) -> list[str]:
+        return [r.split(b" ", 1)[0].decode() for r in self.requests]
+
+    def close(self) -> None:
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(30)
+        self.listener.close()
+
+
+@pytest.fixture
+def raw_server() -> Iterator[Callable[..., RawServer]]:
+    servers: list[RawServer] = []
+
+    def start(*answers: Answer) -> RawServer:
+        servers.append(RawServer(*answers))
+        return servers[-1]
+
+    try:
+        yield start
+    finally:
+        for server in servers:
+            server.close()
+
+
+def _send(data: bytes) -> Answer:
+    return lambda conn: conn.sendall(data)
+
+
+def _trickle(conn: socket.socket) -> None:
+    """A status line, then one header a byte at a time, for 20 s at most."""
+    conn.sendall(b"HTTP/1.1 200 OK\r\nX-Slow: ")
+    for _ in range(40):
+        time.sleep(0.5)
+        conn.sendall(b"z")  # fails once the client gave up
+
+
+def _notifier(tmp_path: Path, **notify: Any) -> tuple[Notifier, Store]:
+    """A Notifier for a job of the store, as the supervisor makes one ([notify] given)."""
+    store = Store(tmp_path / "state.db")
+    now = time.time()
+    store.create_job(JobRecord(id="job-1", name="job", state=JobState.RUNNING, backend="local",
+                               config_path="c.toml", config_json="{}", job_dir=str(tmp_path),
+                               created=now, updated=now), [])  # fmt: skip
+    section = NotifySection.model_construct(**{**NotifySection().model_dump(), **notify})
+    return Notifier(section, store, "job-1"), store
+
+
+def _deliver(notifier: Notifier, store: Store, *events: str) -> list[str]:
+    """Send these events, let them all go out; the notify_failed messages."""
+    for event in events:
+        notifier.event(event, f"{event}: test")
+    notifier.close(patience=60)
+    assert notifier._thread is not None and not notifier._thread.is_alive()
+    return _problems(store)
+
+
+def _problems(store: Store) -> list[str]:
+    return [e.message for e in store.events("job-1") if e.kind == "notify_failed"]
+
+
+@pytest.mark.parametrize(
+    ("answer", "problem"),
+    [
+        (b"HELLO\r\n\r\n", "not an HTTP answer: HELLO"),
+        (
+            b"HTTP/1.1 200 OK\r\n" + b"".join(b"X-%d: y\r\n" % i for i in range(101)) + b"\r\n",
+            "got more than 100 headers",
+        ),
+        (b"HTTP/1.1 200 OK\r\nX-Long: " + b"y" * 70000 + b"\r\n\r\n", "header line"),
+    ],
+    ids=["garbage", "101-headers", "long-header"],
+)
+def test_a_webhook_answering_anything_but_http_is_a_failure_and_later_events_still_go_out(
+    tmp_path: Path, raw_server: Callable[..., RawServer], monkeypatch: pytest.MonkeyPatch,
+    answer: bytes, problem: str,
+) -> None:  # fmt: skip
+    monkeypatch.setattr(notify, "WEBHOOK_TRIES", 1)
+    server = raw_server(_send(answer), _send(OK))
+    notifier, store = _notifier(tmp_path, webhook=server.url, timeout=10.0)
+    notifier.event("failed", "failed: test")
+    wait_for(lambda: _problems(store), 30)
+    assert notifier._thread is not None and notifier._thread.is_alive()
+    problems = _deliver(notifier, store, "succeeded")
+    assert len(problems) == 1 and problem in problems[0], problems
+    assert problems[0].startswith("notify webhook: ") and problems[0].endswith(" after 1 tries")
+    assert len(server.requests) == 2  # the thread lived on: `succeeded` went out
+
+
+def test_any_exception_in_a_hook_is_a_failure_and_the_thread_lives_on(
+    tmp_path: Path, raw_server: Callable[..., RawServer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A URL that urllib cannot parse (given past the config's check), then an exception
+    nobody foresaw: each is a notify_failed event, and the next event still goes out."""
+    monkeypatch.setattr(notify, "WEBHOOK_TRIES", 1)
+    notifier, store = _notifier(tmp_path, webhook="http://u:p@[::1/x")
+    assert _deliver(notifier, store, "failed") == ["notify webhook: Invalid IPv6 URL after 1 tries"]
+    server = raw_server(_send(OK))
+    calls: list[str] = []
+
+    def post(url: str, body: bytes, timeout: float) -> str:
+        calls.append(url)
+        if len(calls) == 1:
+            raise RuntimeError("nobody foresaw this")
+        from orchestrator.notify_http import post as real
+
+        return real(url, body, timeout)
+
+    monkeypatch.setattr(notify, "post", post)
+    (tmp_path / "again").mkdir()
+    notifier, store = _notifier(tmp_path / "again", webhook=server.url)
+    assert _deliver(notifier, store, "failed", "succeeded") == [
+        "notify webhook: nobody foresaw this"
+    ]
+    assert len(server.requests) == 1
+
+
+def test_a_webhook_that_trickles_is_given_its_timeout_for_a_whole_try(
+    tmp_path: Path, raw_server: Callable[..., RawServer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(notify, "WEBHOOK_TRIES", 1)
+    server = raw_server(_trickle, _send(OK))
+    notifier, store = _notifier(tmp_path, webhook=server.url, timeout=1.0)
+    sent = time.monotonic()
+    problems = _deliver(notifier, store, "failed", "succeeded")
+    assert problems == ["notify webhook: no answer within 1s after 1 tries"]
+    assert len(server.requests) == 2
+    # order: the first try ended long before the server's 20 s trickle would have
+    assert server.came[1] - sent < 15  # order: see above
+
+
+def test_a_redirect_is_a_failure_and_never_followed(
+    tmp_path: Path, raw_server: Callable[..., RawServer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(notify, "WEBHOOK_TRIES", 1)
+    redirect = b"HTTP/1.1 302 Found\r\nLocation: /elsewhere\r\nContent-Length: 0\r\n\r\n"
+    server = raw_server(_send(redirect), _send(OK))
+    notifier, store = _notifier(tmp_path, webhook=server.url)
+    problems = _deliver(notifier, store, "failed", "succeeded")
+    assert problems == ["notify webhook: HTTP 302 (redirects are not followed) after 1 tries"]
+    assert server.methods() == ["POST", "POST"]  # no GET of the Location
+
+
+def test_a_post_sends_the_urls_credentials_and_goes_through_a_proxy(
+    raw_server: Callable[..., RawServer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from orchestrator.notify_http import post
+
+    server = raw_server(_send(OK))
+    url = server.url.replace("http://", "http://hook%20user:p%40ss@")
+    assert post(url, b'{"a": 1}', 10.0) == ""
+    [request] = server.requests
+    assert request.startswith(b"POST /hook HTTP/1.1\r\n") and request.endswith(b'\r\n{"a": 1}')
+    credentials = base64.b64encode(b"hook user:p@ss")
+    assert b"\r\nAuthorization: Basic " + credentials + b"\r\n" in request
+    proxy = raw_server(_send(OK), _send(b"HTTP/1.1 403 Forbidden\r\n\r\n"))
+    for name in ("no_proxy", "NO_PROXY", "https_proxy", "HTTPS_PROXY", "HTTP_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("http_proxy", proxy.url.removesuffix("/hook"))
+    monkeypatch.setenv("https_proxy", proxy.url.removesuffix("/hook"))
+    assert post("http://hooks.invalid:81/x?y", b"{}", 10.0) == ""
+    assert post("https://hooks.invalid/x", b"{}", 10.0) == ("proxy refused the tunnel: HTTP 403")
+    assert proxy.requests[0].startswith(b"POST http://hooks.invalid:81/x?y HTTP/1.1\r\n")
+    assert b"\r\nHost: hooks.invalid:81\r\n" in proxy.requests[0]
+    assert proxy.requests[1].startswith(b"CONNECT hooks.invalid:443 HTTP/1.1\r\n")
+
+
+def _alive(pids: list[int]) -> set[int]:
+    return {pid for pid in pids if is_alive(pid)}
+
+
+def test_a_hanging_command_is_ended_with_its_whole_process_group(
+    tmp_path: Path, reap_pids: list[int]
+) -> None:
+    pids = tmp_path / "pids"
+    hang = f"echo $$ > {pids}; sleep 100 & echo $! >> {pids}; exec sleep 100"
+    notifier, store = _notifier(tmp_path, command=["sh", "-c", hang], timeout=2.0)
+    notifier.event("failed", "failed: test")
+    wait_for(lambda: len(pids.read_text().split()) == 2 if pids.exists() else False, 60)
+    started = [int(p) for p in pids.read_text().split()]
+    reap_pids.extend(started)  # should the test fail: they end with it
+    assert _deliver(notifier, store) == ["notify command sh: still running after 2s"]
+    # SIGKILLed, the background sleep goes (is reaped by init) a moment later; sh (now the
+    # other sleep) was the group's leader
+    wait_for(lambda: not _alive(started) and not group_members(started[0]), 10)
+
+
+def test_a_command_that_exits_leaves_nothing_running_and_its_stdin_need_not_be_read(
+    tmp_path: Path, reap_pids: list[int]
+) -> None:
+    from orchestrator.notify import run_command
+
+    pids = tmp_path / "pids"
+    left = f"sleep 100 & echo $! > {pids}; exit 0"
+    ran = run_command(["sh", "-c", left], b"x" * 1_000_000, 60.0)  # far more than a pipe holds
+    reap_pids.extend(int(p) for p in pids.read_text().split())
+    assert (ran.code, ran.stderr) == (0, b"")
+    wait_for(lambda: not _alive(reap_pids), 10)
+    ran = run_command(["sleep", "100"], b"x" * 1_000_000, 0.5)  # never reads it, never ends
+    assert ran.code is None
+
+
+def test_a_command_writing_without_end_is_not_kept_in_memory(tmp_path: Path) -> None:
+    write = (
+        "import sys; sys.stdout.buffer.write(b'o' * 50_000_000); "
+        "sys.stderr.buffer.write(b'e' * 50_000_000 + b'\\nthe end\\n'); sys.exit(3)"
+    )
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB
+    notifier, store = _notifier(tmp_path, command=[sys.executable, "-c", write], timeout=120.0)
+    assert _deliver(notifier, store, "failed") == [
+        f"notify command {sys.executable}: exited 3: the end"
+    ]
+    grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+    assert grown < 40_000, f"the supervisor's peak memory grew {grown} KiB"  # not 100 MB
+    from orchestrator.notify import run_command
+
+    ran = run_command([sys.executable, "-c", write], b"{}", 120.0)
+    assert ran.code == 3 and ran.stderr.endswith(b"e\nthe end\n")
+    assert len(ran.stderr) <= notify.STDERR_KEPT
+
+
+CONFIG = """
+[job]
+name = "t"
+shared_dir = "shared"
+
+[entrypoint]
+module = "worker.examples.digits"
+
+[backend]
+type = "local"
+workers = 1
+
+[notify]
+"""
+
+
+@pytest.mark.parametrize(
+    ("url", "problem"),
+    [
+        ("http://u:p@[::1/x", "not a valid URL: Invalid IPv6 URL"),
+        ("http://[::1]:99999/x", "not a valid URL: Port out of range 0-65535"),
+        (
+            "http://host:port/x",
+            "not a valid URL: Port could not be cast to integer value as 'port'",
+        ),
+        ("http:///x", "must be an http:// or https:// URL naming a host"),
+        ("ftp://host/x", "must be an http:// or https:// URL naming a host"),
+        ("http://hooks.example/ü", "must be ASCII (percent-encode other characters)"),
+        ("http://hooks.example/a b", "must not hold spaces or control characters"),
+    ],
+)
+def test_a_webhook_url_is_checked_as_it_will_be_read(
+    tmp_path: Path, url: str, problem: str
+) -> None:
+    path = tmp_path / "cluster.toml"
+    path.write_text(CONFIG + f"webhook = {json.dumps(url)}\n")
+    with pytest.raises(ConfigError) as error:
+        load_config(path)
+    assert str(error.value) == f"{path}: notify.webhook: {problem}"
+
+
+def test_a_relative_command_is_found_from_the_configs_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    conf = tmp_path / "conf"
+    (conf / "hooks").mkdir(parents=True)
+    hook = conf / "hooks" / "notify.sh"
+    hook.write_text('#!/bin/sh\ncat > "$(dirname "$0")/got.json"\n')
+    hook.chmod(0o755)
+    monkeypatch.chdir(tmp_path)  # elsewhere: the path is the config's, not the cwd's
+    for given, expected in [
+        (["hooks/notify.sh", "--x"], [str(hook), "--x"]),
+        (["./hooks/notify.sh"], [str(hook)]),
+        (["notify-send", "a/b"], ["notify-send", "a/b"]),  # a bare name: looked up in PATH
+        ([str(hook)], [str(hook)]),
+    ]:
+        (conf / "cluster.toml").write_text(CONFIG + f"command = {json.dumps(given)}\n")
+        assert load_config(conf / "cluster.toml").notify.command == expected
+    (conf / "cluster.toml").write_text(CONFIG + 'command = ["hooks/notify.sh"]\n')
+    config = load_config(conf / "cluster.toml")
+    notifier, store = _notifier(tmp_path, **config.notify.model_dump())
+    assert _deliver(notifier, store, "failed") == []
+    assert json.loads((conf / "hooks" / "got.json").read_text())["event"] == "failed"

@@ -200,4 +200,10 @@ def _resolve_paths(config: ClusterConfig, base: Path, source: str) -> ClusterCon
         ]:
             if p is not None:
                 _expand(p, key, source)
-    return config.model_copy(update={"job": job, "entrypoint": entry})
+    notify = config.notify
+    if notify.command and "/" in notify.command[0]:  # a bare name stays a PATH lookup
+        # Joined, not resolved: a symlink's name may be what the program goes by (argv[0]).
+        program = _expand(Path(notify.command[0]), "notify.command[0]", source)
+        argv = [str(program if program.is_absolute() else base / program), *notify.command[1:]]
+        notify = notify.model_copy(update={"command": argv})
+    return config.model_copy(update={"job": job, "entrypoint": entry, "notify": notify})

@@ -347,11 +347,9 @@ NOTIFY_EVENTS: tuple[NotifyEvent, ...] = get_args(NotifyEvent)
 
 
 def _check_webhook(url: str) -> str:
-    if not url.startswith(("http://", "https://")) or len(url) > 2048:
-        raise ValueError("must be an http:// or https:// URL (at most 2048 characters)")
-    if any(not c.isprintable() or c.isspace() for c in url):
-        raise ValueError("must not hold spaces or control characters")
-    return url
+    from orchestrator.notify_http import check_url  # here: its imports only for a webhook
+
+    return check_url(url)
 
 
 class NotifySection(_Model):
@@ -360,7 +358,7 @@ class NotifySection(_Model):
     (retried with backoff). Neither ever blocks or breaks supervision."""
 
     events: list[NotifyEvent] = list(NOTIFY_EVENTS)
-    command: Argv | None = None
+    command: Argv | None = None  # a program path holding a "/": from cluster.toml's directory
     webhook: Annotated[str, AfterValidator(_check_webhook)] | None = None
     timeout: Annotated[Seconds, Field(gt=0)] = 10.0  # per try of a command or a POST
 
