@@ -37,19 +37,11 @@ def free_ports(count: int) -> list[int]:
 
 
 def kill_job_process(pid: object, job_id: str) -> None:
-    """SIGKILL a process of the benchmark's own job, as `orchestrate status` named it: through a
-    pidfd opened before the check (a number reused meanwhile is never signalled), and only if
-    it is > 1, alive and the job's (its id in the environment, or its warm trainer: the
-    project's own worker.proctl.is_job_process)."""
-    from worker.proctl import is_job_process
+    """SIGKILL a process of the benchmark's own job, as `orchestrate status` named it, checked
+    through a pidfd first (checked_signal.signal_job_process)."""
+    from checked_signal import signal_job_process
 
-    assert isinstance(pid, int) and pid > 1, f"status named pid {pid!r}"
-    fd = os.pidfd_open(pid)
-    try:
-        assert is_job_process(pid, job_id), f"pid {pid} is not job {job_id}'s"
-        signal.pidfd_send_signal(fd, signal.SIGKILL)
-    finally:
-        os.close(fd)
+    signal_job_process(pid, job_id, signal.SIGKILL)
 
 
 def peak_rss_kb(pid: int) -> int:

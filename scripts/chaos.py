@@ -27,6 +27,7 @@ Invariants (scripts/chaos_checks.py): see docs/faults.md, "Chaos soak".
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -57,6 +58,7 @@ from chaos_checks import (
     training_now,
     wait,
 )
+from checked_signal import signal_checked, signal_supervisor
 
 REPO = Path(__file__).resolve().parent.parent
 PLAIN_FIT = REPO / "tests" / "fixtures" / "plain_fit.py"
@@ -92,6 +94,11 @@ backoff = 0.5
     return path
 
 
+def signal_in_job(pid: object, job: str, sig: int) -> None:
+    """Signal a process of the job, checked through a pidfd right before (runs_in_job)."""
+    signal_checked(pid, sig, lambda p: runs_in_job(p, job), f"a process of {job}")
+
+
 def check_pids(v: dict[str, Any], task: int, kind: str) -> None:
     """Only the job's own processes are ever signalled: each pid is checked right before."""
     t = v["tasks"][task]
@@ -113,16 +120,16 @@ def inject(
     signals = {"trainer_kill": signal.SIGKILL, "trainer_hang": signal.SIGSTOP,
                "preemption": signal.SIGTERM}  # fmt: skip
     if kind in signals:
-        os.kill(t["pid"], signals[kind])
+        signal_in_job(t["pid"], v["id"], signals[kind])
     elif kind == "agent_kill":
-        os.kill(t["agent_pid"], signal.SIGKILL)
+        signal_in_job(t["agent_pid"], v["id"], signal.SIGKILL)
     elif kind == "supervisor_stall":
         pid = v["supervisor"]["pid"]
-        os.kill(pid, signal.SIGSTOP)
+        signal_supervisor(pid, v["id"], signal.SIGSTOP)
         time.sleep(1.0 + 3.0 * (fault.task + 1) / len(v["tasks"]))  # 1-4 s, from the drawn task
-        os.kill(pid, signal.SIGCONT)
+        signal_supervisor(pid, v["id"], signal.SIGCONT)
     elif kind == "supervisor_kill":
-        os.kill(v["supervisor"]["pid"], signal.SIGKILL)
+        signal_supervisor(v["supervisor"]["pid"], v["id"], signal.SIGKILL)
         time.sleep(0.5)
         supervisors.append(cli.popen("attach", v["id"], "--plain"))
     elif kind == "attach_live":
@@ -146,8 +153,9 @@ def overlap(rng: random.Random, v: dict[str, Any], fault: Fault) -> None:
     fault.overlap = f"trainer_kill worker-{other} +{delay:.1f} s"
 
     def second() -> None:
-        if runs_in_job(pid, v["id"]):  # still the job's: not a recycled pid
-            os.kill(pid, signal.SIGKILL)
+        if runs_in_job(pid, v["id"]):  # still the job's, checked again through a pidfd
+            with contextlib.suppress(AssertionError):  # it ended just now
+                signal_in_job(pid, v["id"], signal.SIGKILL)
 
     later(delay, second)
 

@@ -22,6 +22,7 @@ import contextlib
 
 import slurmbed
 import testbed
+from checked_signal import signal_checked
 
 REPO = Path(__file__).resolve().parent.parent
 COMMON = (
@@ -95,14 +96,22 @@ class LocalBed:
             if e.job == view["id"] and e.task == task and _same_host(e.pid, trainer)
         ]  # fmt: skip
         if kind == "keeper_kill" and keepers:
-            os.kill(keepers[0], signal.SIGKILL)
+
+            def serving(pid: int) -> bool:
+                return any(e.pid == pid and e.job == view["id"] for e in entries(every_host=True))
+
+            signal_checked(keepers[0], signal.SIGKILL, serving, f"a keeper of {view['id']}")
             return f"keeper {keepers[0]} killed"
         standbys = [
             pid for pid, argv in _processes()
             if "--standby" in argv and _parent(pid) in keepers and pid != trainer
         ]  # fmt: skip
         if kind == "standby_kill" and standbys:
-            os.kill(standbys[0], signal.SIGKILL)
+
+            def held(pid: int) -> bool:
+                return _parent(pid) in keepers
+
+            signal_checked(standbys[0], signal.SIGKILL, held, "a standby of the job's keepers")
             return f"standby {standbys[0]} killed"
         if kind in WARM:
             return f"no {kind.split('_')[0]} to kill"

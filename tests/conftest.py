@@ -7,13 +7,14 @@ import json
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import sysconfig
 import tempfile
 import textwrap
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -228,32 +229,76 @@ def no_standby_kept_past_the_test() -> Iterator[None]:
     clear(every_host=True, kept_only=False)
 
 
-@pytest.fixture
-def reap_pids() -> Iterator[list[int]]:
-    """Pids a test started (directly or through orchestrate): SIGKILLed at teardown if alive."""
-    pids: list[int] = []
-    yield pids
-    from worker.proctl import is_alive
+class Reaped(list[int]):
+    """Pids a test started (directly or through orchestrate), each with its identity when it
+    was added: at teardown only a process still holding that identity is killed (a pid that
+    ended and was reused meanwhile is someone else's)."""
 
-    for pid in pids:
-        if is_alive(pid):
-            with contextlib.suppress(OSError):
-                os.killpg(pid, 9)
-            with contextlib.suppress(OSError):
-                os.kill(pid, 9)
+    def __init__(self) -> None:
+        super().__init__()
+        self.identities: dict[int, str] = {}
+
+    def append(self, pid: int) -> None:
+        from worker.proctl import identity
+
+        super().append(pid)
+        if isinstance(pid, int) and pid > 1 and pid not in self.identities:
+            self.identities[pid] = identity(pid) or ""
+
+    def extend(self, pids: Iterable[int]) -> None:
+        for pid in pids:
+            self.append(pid)
+
+    def kill_the_same(self) -> None:
+        """SIGKILL each that is still the process added (and its group, when it leads one),
+        through a pidfd opened before the check."""
+        from worker.proctl import identity
+
+        for pid, ident in self.identities.items():
+            try:
+                fd = os.pidfd_open(pid)
+            except OSError:
+                continue
+            try:
+                if not ident or identity(pid) != ident:
+                    continue
+                if os.getpgid(pid) == pid:  # it leads its group: the group is its own
+                    with contextlib.suppress(OSError):
+                        os.killpg(pid, 9)
+                with contextlib.suppress(OSError):
+                    signal.pidfd_send_signal(fd, 9)
+            except OSError:
+                continue
+            finally:
+                os.close(fd)
+
+
+@pytest.fixture
+def reap_pids() -> Iterator[Reaped]:
+    """Pids a test started: SIGKILLed at teardown if still the same processes."""
+    pids = Reaped()
+    yield pids
+    pids.kill_the_same()
 
 
 def signal_job_process(pid: int, job_id: str, sig: int) -> None:
-    """Signal a process of this test's job, checked right before: > 1, alive, not a zombie,
-    this job's id in its environment or its warm trainer, or the standby of a keeper serving
-    the job (a pid reused by anyone else is never signalled)."""
-    from worker.keepers import entries
-    from worker.proctl import is_alive, is_job_process
+    """Signal a process of this test's job, checked right before through a pidfd (> 1, alive,
+    the job's id in its environment, its warm trainer, or the standby of a keeper serving the
+    job): a pid reused by anyone else is never signalled (scripts/checked_signal.py)."""
+    checked_signal().signal_job_process(pid, job_id, sig)
 
-    standbys = {e.standby for e in entries(every_host=True) if e.job == job_id}
-    ours = is_job_process(pid, job_id) or (pid in standbys and is_alive(pid))
-    assert pid > 1 and ours, f"pid {pid} is not job {job_id}'s"
-    os.kill(pid, sig)
+
+def signal_supervisor(pid: int, job_id: str, sig: int) -> None:
+    """Signal the job's background supervisor (its command line names the job), checked."""
+    checked_signal().signal_supervisor(pid, job_id, sig)
+
+
+def checked_signal() -> Any:
+    if str(REPO / "scripts") not in sys.path:
+        sys.path.insert(0, str(REPO / "scripts"))
+    import checked_signal as module
+
+    return module
 
 
 def python_without_orchestrate(where: Path) -> Path:

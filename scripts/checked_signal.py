@@ -1,0 +1,59 @@
+"""Signals that the tests, the benchmarks and the chaos soak send to a job's processes, each
+checked right before it is sent: a pid that `orchestrate status` named is a claim, not a fact
+(it may have ended and been reused). A pidfd is opened first, the process is then checked, and
+the signal goes through the pidfd: what was checked is what is signalled."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Callable
+from pathlib import Path
+
+
+def signal_checked(pid: object, sig: int, is_it: Callable[[int], bool], what: str) -> None:
+    """Send `sig` to pid only if it is > 1 and `is_it(pid)` holds; AssertionError otherwise."""
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 1:
+        raise AssertionError(f"not a pid to signal: {pid!r} (for {what})")
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        raise AssertionError(f"pid {pid} is gone (was {what})") from None
+    try:
+        if not is_it(pid):
+            raise AssertionError(f"pid {pid} is not {what}: not signalled")
+        signal.pidfd_send_signal(fd, sig)
+    finally:
+        os.close(fd)
+
+
+def is_job_or_standby(pid: int, job_id: str) -> bool:
+    """A live process of the job (its id in the environment, or its warm trainer), or the
+    standby a keeper serving the job holds."""
+    from worker.keepers import entries
+    from worker.proctl import is_alive, is_job_process
+
+    if is_job_process(pid, job_id):
+        return True
+    standbys = {e.standby for e in entries(every_host=True) if e.job == job_id}
+    return pid in standbys and is_alive(pid)
+
+
+def signal_job_process(pid: object, job_id: str, sig: int) -> None:
+    signal_checked(pid, sig, lambda p: is_job_or_standby(p, job_id), f"a process of job {job_id}")
+
+
+def is_supervisor_of(pid: int, job_id: str) -> bool:
+    """An orchestrate process whose command line names the job (`supervise JOB`, `attach
+    JOB`, `resume JOB`: how a job is supervised in the background)."""
+    from worker.proctl import is_alive
+
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return is_alive(pid) and job_id.encode() in argv and any(b"orchestrator" in a for a in argv)
+
+
+def signal_supervisor(pid: object, job_id: str, sig: int) -> None:
+    signal_checked(pid, sig, lambda p: is_supervisor_of(p, job_id), f"job {job_id}'s supervisor")
