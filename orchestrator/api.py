@@ -10,6 +10,7 @@ PreflightError, ...), and ORCHESTRATE_HOME chooses the state directory for both.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -43,7 +44,12 @@ class Job:
 
     def wait(self, timeout: float | None = None, interval: float = 0.5) -> str:
         """Wait for the job to end; its final state (`succeeded`, `failed` or `stopped`).
-        TimeoutError past `timeout` seconds: the job goes on."""
+        TimeoutError past `timeout` seconds: the job goes on. ValueError for a timeout or an
+        interval that is not a number of seconds (NaN, negative, infinite interval)."""
+        if timeout is not None and not (isinstance(timeout, int | float) and timeout >= 0):
+            raise ValueError(f"timeout must be None or seconds >= 0, not {timeout!r}")
+        if not (isinstance(interval, int | float) and 0 < interval < math.inf):
+            raise ValueError(f"interval must be seconds > 0, not {interval!r}")
         deadline = None if timeout is None else time.monotonic() + timeout
         store = Store()
         while True:
@@ -63,7 +69,9 @@ class Job:
         tail: int | None = None,
     ) -> list[LogRecord]:
         """The lines the tasks printed so far, in the order they arrived (as `orchestrate
-        logs`, with the same choices)."""
+        logs`, with the same choices). The copies are read in bounded batches (`tail`: from
+        their end), so only the lines returned are held; a line over 64 KiB is cut there (its
+        text ends `[... line cut at 64 KiB]`)."""
         store = Store()
         query = LogQuery(task=task, since=since, grep=grep, tail=tail, attempt=attempt)
         return [r for batch in log_batches(store, store.get_job(self.id), query) for r in batch]

@@ -1,24 +1,34 @@
-"""`orchestrate logs`: read the coordinator's durable copies with the time each line arrived,
-and choose lines by task, age and pattern. The copies are the tasks' logs byte for byte; the
-arrival times live beside them (`worker-N.times`: one `UNIX_TIME END_OFFSET` line per batch
-the supervisor wrote)."""
+"""`orchestrate logs`: read the coordinator's durable copies with the time each line arrived
+(`orchestrator.log_files`), and choose lines by task, age and pattern. Nothing holds a whole
+copy: lines are merged, chosen and written in bounded batches, and `--tail` reads from the
+end."""
 
 from __future__ import annotations
 
+import codecs
+import heapq
+import itertools
 import json
+import os
 import re
+import select as select_fd  # `select` is the function below
+import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from orchestrator.errors import UsageError
-from orchestrator.logstream import attempts_path, times_path
+from orchestrator.errors import OrchestrateError, UsageError
+from orchestrator.launch_output import silence_stdout
+from orchestrator.log_files import LogLine, TimedLog
+from orchestrator.logstream import attempts_path
 from orchestrator.paths import log_copies_dir
-from orchestrator.store import JobRecord, Store
+from orchestrator.store import JobRecord, Store, TaskRecord
 from orchestrator.terminal_text import safe
+
+__all__ = ["Grep", "LogLine", "LogQuery", "LogRecord", "TimedLog", "follow_logs", "log_batches"]
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
@@ -66,12 +76,14 @@ GREP_BUDGET = 10.0  # seconds a --grep pattern may spend on one batch of lines
 
 # Python's re backtracks: a pattern like (a+)+$ takes exponential time on some lines, and a
 # running match cannot be interrupted. So lines are matched in a child process that is killed
-# when it runs past the budget.
+# when a batch runs past the budget; one child serves every batch (a JSON list a line).
 _GREP_CHILD = """
 import json, re, sys
 pattern = re.compile(sys.argv[1])
-texts = json.load(sys.stdin)
-sys.stdout.write(json.dumps([i for i, t in enumerate(texts) if pattern.search(t)]))
+for batch in sys.stdin:
+    texts = json.loads(batch)
+    sys.stdout.write(json.dumps([i for i, t in enumerate(texts) if pattern.search(t)]) + "\\n")
+    sys.stdout.flush()
 """
 
 
@@ -84,31 +96,50 @@ class Grep:
         except re.error as exc:
             raise UsageError(f"--grep {pattern!r}: not a regular expression: {exc}") from None
         self.pattern = pattern
+        self._child: subprocess.Popen[bytes] | None = None
 
     def matching(self, texts: list[str]) -> set[int]:
         """Indexes of the texts the pattern matches."""
         if not texts:
             return set()
-        import json
-        import subprocess
-        import sys
-
-        try:
-            out = subprocess.run(
+        if self._child is None:
+            self._child = subprocess.Popen(
                 [sys.executable, "-c", _GREP_CHILD, self.pattern],
-                input=json.dumps(texts),
-                capture_output=True,
-                text=True,
-                timeout=GREP_BUDGET,
-                check=True,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
             )
-        except subprocess.TimeoutExpired:
-            raise UsageError(
-                f"--grep {self.pattern!r}: matching took over {GREP_BUDGET:g}s for "
-                f"{len(texts)} line(s) and was stopped; the pattern backtracks (nested "
-                "repetition like (a+)+): simplify it"
-            ) from None
-        return set(json.loads(out.stdout))
+        child, deadline = self._child, time.monotonic() + GREP_BUDGET
+        assert child.stdin is not None and child.stdout is not None
+        answer = b""
+        try:
+            child.stdin.write(json.dumps(texts).encode() + b"\n")
+            child.stdin.flush()
+            while not answer.endswith(b"\n"):
+                left = deadline - time.monotonic()
+                if left <= 0 or not select_fd.select([child.stdout], [], [], left)[0]:
+                    self.close()
+                    raise UsageError(
+                        f"--grep {self.pattern!r}: matching took over {GREP_BUDGET:g}s for "
+                        f"{len(texts)} line(s) and was stopped; the pattern backtracks (nested "
+                        "repetition like (a+)+): simplify it"
+                    )
+                data = os.read(child.stdout.fileno(), 1 << 16)
+                if not data:
+                    raise BrokenPipeError
+                answer += data
+        except BrokenPipeError:
+            self.close()
+            raise UsageError(f"--grep {self.pattern!r}: the matching process ended") from None
+        return set(json.loads(answer))
+
+    def close(self) -> None:
+        if self._child is not None:
+            self._child.kill()
+            self._child.wait()
+            for pipe in (self._child.stdin, self._child.stdout):
+                if pipe is not None:
+                    pipe.close()
+            self._child = None
 
 
 def parse_grep(pattern: str | None) -> Grep | None:
@@ -123,104 +154,42 @@ def stamp(ts: float | None) -> str:
     return f"{whole}.{int(ts % 1 * 1000):03d}Z"
 
 
-@dataclass(frozen=True)
-class LogLine:
-    ts: float | None  # when the coordinator received it; None: a copy from before timestamps
-    text: str
-
-
-class TimedLog:
-    """Follows one durable copy and its times by offset."""
-
-    def __init__(self, log: Path, span: tuple[int, int | None] = (0, None)) -> None:
-        self.log = log
-        self.times = times_path(log)
-        self.offset, self.end = span  # the bytes [offset, end) only (one attempt's)
-        self._skip_rest = self.offset > 0  # the span may start inside a cut line: not ours
-        self._times_read = 0
-        self._marks: list[tuple[int, float]] = []  # (end offset, time), ascending
-
-    def _load_marks(self) -> bool:
-        """Read new time marks; False when there is no times file (an old copy)."""
-        try:
-            with open(self.times, "rb") as fh:
-                fh.seek(self._times_read)
-                data = fh.read()
-        except FileNotFoundError:
-            return False
-        whole = data[: data.rfind(b"\n") + 1]
-        self._times_read += len(whole)
-        for record in whole.splitlines():
-            ts, end = record.split()
-            self._marks.append((int(end), float(ts)))
-        return True
-
-    def read(self, final: bool = False) -> list[LogLine]:
-        """New whole lines (at the end, with `final`, a last partial line too). Following, only
-        lines whose arrival time is written are returned, so each has its time."""
-        timed = self._load_marks()
-        try:
-            with open(self.log, "rb") as fh:
-                fh.seek(self.offset)
-                data = fh.read()
-        except FileNotFoundError:
-            return []
-        if self.end is not None:
-            data = data[: max(self.end - self.offset, 0)]
-            final = final or len(data) == self.end - self.offset  # the span is all there
-        if self._skip_rest and data:
-            if not self._begins_a_line():
-                cut = data.find(b"\n")
-                if cut < 0:
-                    return []
-                self.offset, data = self.offset + cut + 1, data[cut + 1 :]
-            self._skip_rest = False
-        if timed and not final:
-            limit = (self._marks[-1][0] if self._marks else self.offset) - self.offset
-            data = data[: max(limit, 0)]
-        if not final:
-            data = data[: data.rfind(b"\n") + 1]
-        if not data:
-            return []
-        pieces = data.split(b"\n")
-        if pieces[-1] == b"":
-            pieces.pop()
-        lines, start = [], self.offset
-        for piece in pieces:
-            lines.append(LogLine(self._time_at(start), piece.decode(errors="replace")))
-            start += len(piece) + 1
-        self.offset += len(data)
-        return lines
-
-    def _begins_a_line(self) -> bool:
-        with open(self.log, "rb") as fh:
-            fh.seek(self.offset - 1)
-            return fh.read(1) == b"\n"
-
-    def _time_at(self, start: int) -> float | None:
-        while self._marks and self._marks[0][0] <= start:
-            self._marks.pop(0)
-        return self._marks[0][1] if self._marks else None
+def _kept(lines: list[LogLine], since: float | None, pattern: Grep | None) -> list[int]:
+    recent = [
+        i for i, ln in enumerate(lines) if since is None or (ln.ts is not None and ln.ts >= since)
+    ]
+    if pattern is None:
+        return recent
+    # A longer line is matched on what is held of it: its first 64 KiB.
+    hits = pattern.matching([lines[i].raw.decode(errors="replace") for i in recent])
+    return [i for n, i in enumerate(recent) if n in hits]
 
 
 def select(lines: list[LogLine], since: float | None, pattern: Grep | None) -> list[LogLine]:
     """Lines at or after `since` (a line of unknown time is left out when one is given) that
     match `pattern`."""
-    recent = [ln for ln in lines if since is None or (ln.ts is not None and ln.ts >= since)]
-    if pattern is None:
-        return recent
-    hits = pattern.matching([ln.text for ln in recent])
-    return [ln for i, ln in enumerate(recent) if i in hits]
+    return [lines[i] for i in _kept(lines, since, pattern)]
 
 
 def attempt_span(log: Path, number: int) -> tuple[int, int | None]:
     """The bytes of a task's copy that attempt `number` wrote: from its mark to the next
     attempt's (the supervisor marks each attempt's start in `worker-N.attempts`)."""
+    path = attempts_path(log)
     try:
-        marks = [tuple(map(int, ln.split())) for ln in attempts_path(log).read_text().split("\n")
-                 if ln.strip()]  # fmt: skip
+        text = path.read_bytes().decode(errors="replace")
     except FileNotFoundError:
-        marks = []
+        text = ""
+    marks: list[tuple[int, int]] = []
+    for row, line in enumerate(text.splitlines(), 1):
+        words = line.split()
+        if not words:
+            continue
+        if len(words) != 2 or not all(w.isdigit() and len(w) < 20 for w in words):
+            raise OrchestrateError(
+                f"{path}: line {row} is not `ATTEMPT OFFSET` ({line[:60]!r}): the file is "
+                "damaged; `logs` without --attempt still reads every line"
+            )
+        marks.append((int(words[0]), int(words[1])))
     starts = [offset for n, offset in marks if n == number]
     if not starts:
         known = sorted({n for n, _ in marks})
@@ -258,9 +227,53 @@ class LogRecord:
         return json.dumps({"time": when, "task": self.task, "host": self.host, "text": self.text})
 
 
-def log_batches(store: Store, job: JobRecord, query: LogQuery) -> Iterator[list[LogRecord]]:
-    """The chosen tasks' lines in the order they arrived, a batch at a time: one batch, or with
-    `follow` one every 0.3 s until the job ends."""
+BATCH_LINES = 5000  # lines chosen (and written) at once, and at most BATCH_BYTES of them
+BATCH_BYTES = 1 << 20
+Item = tuple[TaskRecord, LogLine]
+Sources = list[tuple[TaskRecord, Iterator[LogLine]]]  # each task's lines, in reading order
+Batches = Generator[list[Item], None, None]
+
+
+def _merged(sources: Sources, backward: bool) -> Iterator[Item]:
+    """The tasks' lines in the order they arrived (each task's in its own order), or that
+    order reversed from sources read backward."""
+    sign = -1 if backward else 1
+    streams = [zip(itertools.repeat(task), lines) for task, lines in sources]
+    return heapq.merge(*streams, key=lambda item: (sign * item[1].key, sign * item[0].idx))
+
+
+def _chosen(items: Iterator[Item], since: float | None, pattern: Grep | None) -> Batches:
+    """The items `select` keeps, a bounded batch at a time."""
+    batch: list[Item] = []
+    held = 0
+    for item in itertools.chain(items, [None]):
+        if item is not None:
+            batch.append(item)
+            held += len(item[1].raw)
+        if batch and (item is None or len(batch) >= BATCH_LINES or held >= BATCH_BYTES):
+            kept = [batch[i] for i in _kept([ln for _, ln in batch], since, pattern)]
+            batch, held = [], 0
+            if kept:
+                yield kept
+
+
+def _last(sources: Sources, count: int, since: float | None, pattern: Grep | None) -> Batches:
+    """The last `count` chosen lines, found reading the copies backward."""
+    picked: list[Item] = []
+    chosen = _chosen(_merged(sources, backward=True), since, pattern)
+    for batch in chosen if count else ():
+        picked.extend(batch[: count - len(picked)])
+        if len(picked) == count:
+            break
+    chosen.close()  # done reading: the copies are let go now
+    picked.reverse()
+    for first in range(0, len(picked), BATCH_LINES):
+        yield picked[first : first + BATCH_LINES]
+
+
+def line_batches(store: Store, job: JobRecord, query: LogQuery) -> Batches:
+    """The chosen tasks' lines in the order they arrived, in bounded batches: once through, or
+    with `follow` again every 0.3 s until the job ends. Only `--tail`'s lines are held whole."""
     if query.tail is not None and query.tail < 0:
         raise UsageError(f"--tail {query.tail}: give a number of lines, 0 or more")
     tasks = store.tasks(job.id)
@@ -269,44 +282,87 @@ def log_batches(store: Store, job: JobRecord, query: LogQuery) -> Iterator[list[
     after = parse_since(query.since, time.time()) if query.since is not None else None
     chosen = [t for t in tasks if chosen_ids is None or t.idx in chosen_ids]
     log_dir = log_copies_dir(job.id)
-    readers = {}
+    readers = []
     for t in chosen:
         log = log_dir / f"worker-{t.idx}.log"
         span = attempt_span(log, query.attempt) if query.attempt is not None else (0, None)
-        readers[t.idx] = TimedLog(log, span)
-    first = True
-    while True:
-        last = not query.follow or store.get_job(job.id).state.is_terminal()
-        batch = [
-            LogRecord(line.ts, t.idx, t.host, line.text)
-            for t in chosen
-            for line in select(readers[t.idx].read(final=last), after, pattern)
-        ]
-        batch.sort(key=lambda r: (r.time or 0.0, r.task))  # by arrival; each task's order kept
-        if first and query.tail is not None:
-            batch = batch[len(batch) - query.tail :] if query.tail else []
-        first = False
-        yield batch
-        if last:
-            return
-        time.sleep(0.3)
+        readers.append((t, TimedLog(log, span)))
+    try:
+        first = True
+        while True:
+            last = not query.follow or store.get_job(job.id).state.is_terminal()
+            if first and query.tail is not None:  # from the end; following goes on from there
+                ends = [(t, reader.from_end(final=last)) for t, reader in readers]
+                yield from _last(ends, query.tail, after, pattern)
+            else:
+                news = [(t, reader.lines(final=last)) for t, reader in readers]
+                yield from _chosen(_merged(news, backward=False), after, pattern)
+            first = False
+            if last:
+                return
+            time.sleep(0.3)
+    finally:
+        if pattern is not None:
+            pattern.close()
+
+
+def log_batches(store: Store, job: JobRecord, query: LogQuery) -> Iterator[list[LogRecord]]:
+    """`line_batches` as records (a longer line cut at 64 KiB, marked)."""
+    for batch in line_batches(store, job, query):
+        yield [LogRecord(line.ts, t.idx, t.host, line.text) for t, line in batch]
+
+
+def _json_line(write: Callable[[bytes], object], task: TaskRecord, line: LogLine) -> None:
+    """One `--json` object; a longer line's text whole, decoded and escaped as it streams."""
+    text = "" if line.rest else line.raw.decode(errors="replace")
+    record = LogRecord(line.ts, task.idx, task.host, text).as_json()
+    if line.rest is None:
+        write(record.encode() + b"\n")
+        return
+    write(record[:-2].encode())  # up to the text's opening quote: `text` is the last key
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    for chunk in itertools.chain([line.raw], line.rest_chunks()):
+        write(json.dumps(decoder.decode(chunk))[1:-1].encode())
+    write(json.dumps(decoder.decode(b"", final=True))[1:-1].encode() + b'"}\n')
 
 
 def follow_logs(store: Store, job: JobRecord, query: LogQuery) -> None:
     """`orchestrate logs`: the chosen tasks' durable copies, prefixed by task, in the order the
-    lines arrived; with `follow`, on until the job ends."""
-    shown = safe if sys.stdout.isatty() else str  # a terminal: escape what drives it
+    lines arrived; with `follow`, on until the job ends. On a terminal each line is decoded
+    and what would drive the terminal escaped; piped, a line is the task's bytes exactly."""
     alone = query.task is not None and len(parse_tasks(query.task, len(store.tasks(job.id)))) == 1
-    for batch in log_batches(store, job, query):
-        if query.as_json:
-            out = "".join(record.as_json() + "\n" for record in batch)
-        else:
-            out = "".join(
-                (stamp(r.time) + " " if query.timestamps else "")
-                + ("" if alone else f"[worker-{r.task} {r.host}] ")
-                + shown(r.text)
-                + "\n"
-                for r in batch
+    batches = line_batches(store, job, query)
+    try:
+        _write(batches, query, alone)
+    except BrokenPipeError:  # the reader stopped (`logs | head`): not a failure
+        silence_stdout()
+    finally:
+        batches.close()  # a --grep matcher ends now
+
+
+def _write(batches: Iterator[list[Item]], query: LogQuery, alone: bool) -> None:
+    tty = sys.stdout.isatty()
+    raw = None if tty else getattr(sys.stdout, "buffer", None)
+
+    def write(data: bytes) -> None:
+        if raw is not None:
+            raw.write(data)
+        else:  # a terminal (or a stream without bytes): text
+            sys.stdout.write(data.decode(errors="replace"))
+
+    for batch in batches:
+        for task, line in batch:
+            if query.as_json:
+                _json_line(write, task, line)
+                continue
+            prefix = (stamp(line.ts) + " " if query.timestamps else "") + (
+                "" if alone else f"[worker-{task.idx} {task.host}] "
             )
-        sys.stdout.write(out)
-        sys.stdout.flush()
+            if tty:
+                sys.stdout.write(prefix + safe(line.text) + "\n")
+                continue
+            write(prefix.encode() + line.raw)
+            for chunk in line.rest_chunks():
+                write(chunk)
+            write(b"\n")
+        (raw or sys.stdout).flush()

@@ -11,6 +11,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import CliResult, fake_job, status_json
 
 SWEEP = """
@@ -102,3 +104,13 @@ def test_a_sweep_of_three_jobs_driven_from_python_agrees_with_the_cli(
     assert out["wait_unknown"] == "JobNotFoundError"
     for job in status_json(cli)["jobs"]:
         reap_pids.append(job["supervisor"]["pid"] or 0)
+
+
+@pytest.mark.parametrize("timeout", [float("nan"), -1.0, "5"])
+def test_wait_refuses_a_timeout_that_is_no_number_of_seconds(timeout: object) -> None:
+    from orchestrator.api import Job
+
+    with pytest.raises(ValueError, match="timeout must be"):
+        Job("any").wait(timeout=timeout)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="interval must be"):
+        Job("any").wait(timeout=1.0, interval=float("nan"))
