@@ -281,11 +281,11 @@ def reap_pids() -> Iterator[Reaped]:
     pids.kill_the_same()
 
 
-def signal_job_process(pid: int, job_id: str, sig: int) -> None:
+def signal_job_process(pid: int, job_id: str, sig: int, gone_ok: bool = False) -> None:
     """Signal a process of this test's job, checked right before through a pidfd (> 1, alive,
     the job's id in its environment, its warm trainer, or the standby of a keeper serving the
     job): a pid reused by anyone else is never signalled (scripts/checked_signal.py)."""
-    checked_signal().signal_job_process(pid, job_id, sig)
+    checked_signal().signal_job_process(pid, job_id, sig, gone_ok)
 
 
 def signal_supervisor(pid: int, job_id: str, sig: int) -> None:

@@ -71,13 +71,14 @@ def test_short_epochs_agree_on_a_sigterm_now_and_then_and_the_last_epoch_always(
     script.write_text(SCRIPT)
     backup = tmp_path / "backup"
 
-    # SIGTERM as epoch 4 begins: training goes on to the next agreement, a few epochs later
-    # (not the same epoch: the agreement is no longer at every boundary), then every worker
-    # exits with the preemption code after that epoch's checkpoint.
+    # SIGTERM as epoch 4 begins: training goes on to the next agreement, usually a few epochs
+    # later (the agreement is no longer at every boundary); epoch 4's own end where epochs
+    # are slow (a busy machine: about 2 s of epochs between agreements), never before it. Then
+    # every worker exits with the preemption code after that epoch's checkpoint.
     code, out = _run(script, backup, signal_at=4)
     assert code == 42, out[-3000:]
     stopped = int(re.findall(r"preempted: checkpointed epoch (\d+), exiting with 42", out)[-1])
-    assert 4 < stopped < 24, out[-3000:]
+    assert 4 <= stopped < 24, out[-3000:]
     assert "fit ended" not in out
 
     # A restart resumes after that epoch; a SIGTERM in the last epoch ends in the preemption

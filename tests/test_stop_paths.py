@@ -31,6 +31,8 @@ from tests.conftest import (
     job_processes,
     job_view,
     launch_detached,
+    signal_job_process,
+    signal_supervisor,
     status_json,
     wait_for,
     wait_for_end,
@@ -55,11 +57,9 @@ def running_job(
     return job_id, wait_for(all_running, 60)  # type: ignore[return-value]
 
 
-def kill_now(pids: list[int]) -> None:
-    for pid in pids:
-        if is_alive(pid):
-            os.kill(pid, signal.SIGKILL)
-    wait_for(lambda: not any(is_alive(p) for p in pids), 20)
+def kill_supervisor_now(pid: int, job_id: str) -> None:
+    signal_supervisor(pid, job_id, signal.SIGKILL)
+    wait_for(lambda: not is_alive(pid), 20)
 
 
 # --- 1: agents whose pids never reached the store ------------------------------------------
@@ -69,7 +69,7 @@ def test_stop_finds_agents_that_no_store_row_names(
     cli: Callable[..., CliResult], tmp_path: Path, home: Path, reap_pids: list[int]
 ) -> None:
     job_id, job = running_job(cli, tmp_path, reap_pids)
-    kill_now([job["supervisor"]["pid"]])  # the coordinator dies mid-launch, say
+    kill_supervisor_now(job["supervisor"]["pid"], job_id)  # it dies mid-launch, say
     # ... before any agent's pid reached the store:
     with sqlite3.connect(home / "state.db") as db:
         db.execute("UPDATE tasks SET agent_pid = NULL, trainer_pid = NULL, agent_ident = ''")
@@ -150,17 +150,14 @@ def test_each_agent_is_recorded_as_soon_as_its_start_returns(tmp_path: Path) -> 
 def subreaper() -> Iterator[Callable[[list[int]], None]]:
     """This test process adopts the orphans of the processes it started (their pids are freed
     only once someone reaps them, and the container's init may not): returns a function that
-    kills pids and reaps them."""
+    waits for pids (killed by the caller, checked) to be gone and reaps them."""
     import ctypes
 
     libc = ctypes.CDLL(None, use_errno=True)
     pr_set_child_subreaper = 36
     libc.prctl(pr_set_child_subreaper, 1, 0, 0, 0)
 
-    def kill_and_reap(pids: list[int]) -> None:
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+    def reap(pids: list[int]) -> None:
         deadline = time.monotonic() + 20
         left = set(pids)
         while left and time.monotonic() < deadline:
@@ -173,7 +170,7 @@ def subreaper() -> Iterator[Callable[[list[int]], None]]:
         assert not left, f"pids not freed: {sorted(left)}"
 
     try:
-        yield kill_and_reap
+        yield reap
     finally:
         libc.prctl(pr_set_child_subreaper, 0, 0, 0, 0)
 
@@ -204,7 +201,11 @@ def test_stop_never_signals_a_stranger_that_holds_a_recorded_pid(
     job_id, job = running_job(cli, tmp_path, reap_pids)
     supervisor = job["supervisor"]["pid"]
     agents = [t["agent_pid"] for t in job["tasks"]]
-    subreaper([supervisor, *job_processes(job_id)])  # the job's processes all die ...
+    signal_supervisor(supervisor, job_id, signal.SIGKILL)  # the job's processes all die ...
+    doomed = job_processes(job_id)
+    for pid in doomed:  # (a trainer dies with its agent: maybe gone already)
+        signal_job_process(pid, job_id, signal.SIGKILL, gone_ok=True)
+    subreaper([supervisor, *doomed])
     strangers: list[subprocess.Popen[bytes]] = []
     try:
         for pid in [supervisor, *agents]:  # ... and unrelated processes get their pids
@@ -534,7 +535,8 @@ def test_an_agent_that_cannot_start_is_named_with_its_error(
     in life, a broken install): the job's cause says the error, not only `agent is gone`."""
     python = tmp_path / "python"
     python.write_text(
-        "#!/bin/sh\ncase \"$*\" in *' agent '*) exec " + sys.executable
+        "#!/bin/sh\ncase \"$*\" in *' agent '*) exec "
+        + sys.executable
         + " -c 'raise RuntimeError(\"no agent here: \\033]0;x\\007\")' ;; esac\n"
         + f'exec {sys.executable} "$@"\n'
     )

@@ -82,7 +82,7 @@ def test_example_trains_on_disjoint_shards_and_the_chief_saves_once(
     assert (job_home / "report-resources.png").stat().st_size > 10_000
     assert all(t["max_rss_bytes"] > 100 << 20 for t in data["tasks"].values())
     assert all(t["median_steps_per_sec"] > 0 and t["epoch"] == 6 for t in data["tasks"].values())
-    assert data["metrics"]["test_accuracy"] >= 0.9 and data["restarts"] == 0
+    assert data["metrics"]["test_accuracy"] >= 0.9
 
     # The collected model loads and predicts in a fresh process.
     collected = tmp_path / "home" / "jobs" / job["id"] / "collected"

@@ -295,7 +295,6 @@ def test_status_does_not_claim_tasks_run_when_everything_was_killed(
 ) -> None:
     """Regression: after the supervisor, agents and trainers were all SIGKILLed, status said
     `running (supervisor gone)` with tasks `running 2/2`."""
-    import os
     import signal
 
     from tests.conftest import job_view
@@ -310,8 +309,11 @@ def test_status_does_not_claim_tasks_run_when_everything_was_killed(
         60,
     )
     assert isinstance(job, dict)
-    for pid in [*job_processes(job_id), job["supervisor"]["pid"]]:
-        os.kill(pid, signal.SIGKILL)
+    from tests.conftest import signal_job_process, signal_supervisor
+
+    signal_supervisor(job["supervisor"]["pid"], job_id, signal.SIGKILL)  # first: it sees nothing
+    for pid in job_processes(job_id):  # (a trainer dies with its agent: maybe gone already)
+        signal_job_process(pid, job_id, signal.SIGKILL, gone_ok=True)
     wait_for(lambda: not job_processes(job_id), 20)
     view = job_view(cli, job_id)
     assert view["supervisor"]["alive"] is False
