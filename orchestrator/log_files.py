@@ -34,15 +34,7 @@ class LogLine:
         """The bytes of a longer line past `raw`, a block at a time."""
         if self.rest is None:
             return
-        path, at, end = self.rest
-        with open(path, "rb") as fh:
-            fh.seek(at)
-            while at < end:
-                data = fh.read(min(BLOCK, end - at))
-                if not data:
-                    return
-                at += len(data)
-                yield data
+        yield from _blocks(*self.rest)
 
 
 def _mark(record: bytes) -> tuple[int, float] | None:
@@ -159,17 +151,24 @@ class _Window:
         return self.fh.read(stop - start)
 
 
+def _blocks(path: Path, at: int, end: int) -> Iterator[bytes]:
+    """The file's bytes in [at, end), a block at a time (fewer where it ends sooner)."""
+    with open(path, "rb") as fh:
+        fh.seek(at)
+        while at < end:
+            data = fh.read(min(BLOCK, end - at))
+            if not data:
+                return
+            at += len(data)
+            yield data
+
+
 def _find_newline(path: Path, lo: int, hi: int) -> int:
     """The first newline in [lo, hi) of the file, or -1."""
-    with open(path, "rb") as fh:
-        fh.seek(lo)
-        while lo < hi:
-            data = fh.read(min(BLOCK, hi - lo))
-            if not data:
-                break
-            if (found := data.find(b"\n")) >= 0:
-                return lo + found
-            lo += len(data)
+    for data in _blocks(path, lo, hi):
+        if (found := data.find(b"\n")) >= 0:
+            return lo + found
+        lo += len(data)
     return -1
 
 

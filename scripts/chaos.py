@@ -20,7 +20,9 @@ SIGKILLed then `attach`ed, the supervisor SIGSTOPped for 1-4 s (a stall), `stop`
 later. SSH bed: a host's link down for 2 s, about host_timeout, and past host_wait (the spare
 takes over, or the job fails naming the host and is resumed); a host's sshd killed and
 restarted; a host rebooted (every process in it killed, sshd back after 2 s). Slurm bed: a
-preemption by a job in the urgent partition.
+preemption by a job in the urgent partition. With `--webhook` (on in `--quick`) every job's
+`[notify]` webhook misbehaves on each event's first try (scripts/chaos_webhook.py), and every
+event must still arrive.
 Invariants (scripts/chaos_checks.py): see docs/faults.md, "Chaos soak".
 """
 
@@ -58,6 +60,7 @@ from chaos_checks import (
     training_now,
     wait,
 )
+from chaos_webhook import MisbehavingWebhook
 from checked_signal import signal_checked, signal_supervisor
 
 REPO = Path(__file__).resolve().parent.parent
@@ -65,10 +68,11 @@ PLAIN_FIT = REPO / "tests" / "fixtures" / "plain_fit.py"
 OVERLAPPABLE = {"trainer_kill", "agent_kill", "preemption", "trainer_hang"}
 
 
-def write_config(bed: LocalBed, root: Path, name: str, epochs: int) -> Path:
+def write_config(bed: LocalBed, root: Path, name: str, epochs: int, webhook: str = "") -> Path:
     shared = root / "shared"
     shared.mkdir(parents=True, exist_ok=True)
     path = root / f"{name}.toml"
+    notify = f'[notify]\nwebhook = "{webhook}"\ntimeout = 1.0\n' if webhook else ""
     path.write_text(f"""
 [job]
 name = "{name}"
@@ -89,7 +93,8 @@ heartbeat_interval = 0.5
 [restart]
 max_restarts = 1000
 backoff = 0.5
-{bed.restart_toml()}""")
+{bed.restart_toml()}
+{notify}""")
     (shared / f"truth-{name}").mkdir(mode=0o777, exist_ok=True)
     return path
 
@@ -194,9 +199,10 @@ class Watchers:
 
 
 def run_job(bed: LocalBed, cli: Cli, root: Path, rng: random.Random, n: int,
-            faults: list[Fault]) -> list[str]:  # fmt: skip
+            faults: list[Fault], webhook: MisbehavingWebhook | None) -> list[str]:  # fmt: skip
     name = f"chaos{len(faults)}"
-    path = write_config(bed, root, name, epochs=300)  # ended by a stop after its faults
+    url = webhook.url if webhook else ""
+    path = write_config(bed, root, name, epochs=300, webhook=url)  # a stop ends it
     bystanders = strangers()
     out = cli("launch", "--detach", "--plain", str(path), timeout=600)
     if out.returncode != 0:
@@ -237,6 +243,9 @@ def run_job(bed: LocalBed, cli: Cli, root: Path, rng: random.Random, n: int,
     finally:
         problems += watchers.stop()
         problems += end_job(cli, job, root, name)
+        if webhook is not None:
+            killed = any(f.job == job and f.kind == "supervisor_kill" for f in faults)
+            problems += check_webhook(cli, job, webhook, killed)
         for proc in bystanders:
             if proc.poll() is not None:
                 problems.append(f"a stranger (pid {proc.pid}) was signalled")
@@ -244,6 +253,27 @@ def run_job(bed: LocalBed, cli: Cli, root: Path, rng: random.Random, n: int,
             proc.wait()
         for proc in supervisors:
             proc.wait()
+    return problems
+
+
+def check_webhook(cli: Cli, job: str, webhook: MisbehavingWebhook, killed: bool) -> list[str]:
+    """Every event of the job reached the misbehaving webhook, on its second try: none was
+    given up (`notify_failed`), none was left untried, the redirect was never followed. Only
+    a supervisor SIGKILLed meanwhile (a fault) may have taken queued events with it."""
+    ended = ("stopped", "succeeded", "failed")
+    wait(lambda: any(d.event in ended and d.accepted for d in webhook.of_job(job)), 40)
+    problems = [f"{job}: the webhook got a {m} (a redirect followed)" for m in webhook.followed]
+    deliveries = webhook.of_job(job)
+    if not any(d.event in ended and d.accepted for d in deliveries):
+        problems.append(f"{job}: its end never reached the webhook")
+    lost = [d.event for d in deliveries if not d.accepted]
+    if lost and not killed:
+        problems.append(f"{job}: events tried once, never again: {lost}")
+    failed = [e["message"] for e in cli.view(job)["events"] if e["kind"] == "notify_failed"]
+    if failed and not killed:
+        problems.append(f"{job}: the notifier gave events up: {failed[:3]}")
+    print(f"webhook: {len(deliveries)} events of {job}, {len(deliveries) - len(lost)} "
+          f"delivered on their second try", flush=True)  # fmt: skip
     return problems
 
 
@@ -275,16 +305,19 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--kinds", help="only these fault kinds, comma-separated (a replay)")
+    parser.add_argument("--webhook", action="store_true",
+                        help="a [notify] webhook that misbehaves (on in --quick)")  # fmt: skip
     args = parser.parse_args()
     seed = args.seed if args.seed is not None else int(datetime.date.today().strftime("%Y%m%d"))
     if args.quick:
-        args.backend, args.faults, args.per_job = "local", 10, 5
+        args.backend, args.faults, args.per_job, args.webhook = "local", 10, 5, True
     rng = random.Random(seed)
     print(f"chaos: seed {seed}, {args.faults} faults on the {args.backend} backend", flush=True)
     faults: list[Fault] = []
     problems: list[str] = []
     started = time.time()
     bed = open_bed(args.backend)
+    webhook = MisbehavingWebhook() if args.webhook else None
     try:
         # Not under a private tmp: the hosts' and nodes' processes write the truth files.
         with tempfile.TemporaryDirectory(prefix="chaos-", dir="/tmp") as tmp:
@@ -299,12 +332,14 @@ def main() -> None:
                 while len(faults) < args.faults and empty < 3:
                     n = min(args.per_job, args.faults - len(faults))
                     before = len(faults)
-                    problems += run_job(bed, cli, root, rng, n, faults)
+                    problems += run_job(bed, cli, root, rng, n, faults, webhook)
                     empty = empty + 1 if len(faults) == before else 0
             finally:
                 bed.unprepare(root / "shared")
     finally:
         bed.close()
+        if webhook is not None:
+            webhook.close()
     violations = problems + [
         f"fault {i + 1}: {v}" for i, f in enumerate(faults) for v in f.violations
     ]
