@@ -85,9 +85,9 @@ def stored_config_json(config: ClusterConfig) -> str:
 def stored_config(job: JobRecord) -> ClusterConfig:
     """The job's configuration from the store: everything but its env values (enough to stop
     or collect it)."""
-    from orchestrator.config import ClusterConfig
+    from orchestrator.config import parse_stored_config
 
-    return ClusterConfig.model_validate_json(job.config_json)
+    return parse_stored_config(job.config_json)
 
 
 def launch_config(job: JobRecord) -> ClusterConfig:

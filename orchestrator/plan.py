@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.config import MAX_PORT, ClusterConfig, host_gpus_per_task, host_slots
+from orchestrator.config import MAX_PORT, ClusterConfig
 from orchestrator.errors import LaunchError
 
 
@@ -93,13 +93,13 @@ def task_slots(
     counts = gpu_counts or {}
 
     def count(h: int) -> int:
-        fixed = host_slots(backend, h)
+        fixed = backend.host_slots(h)
         if fixed is not None:
             return fixed
-        return counts[h] // host_gpus_per_task(backend, h) if h in counts else 1
+        return counts[h] // backend.host_gpus_per_task(h) if h in counts else 1
 
     def gpus(h: int, s: int) -> tuple[int, ...]:
-        g = host_gpus_per_task(backend, h)
+        g = backend.host_gpus_per_task(h)
         return tuple(range(s * g, s * g + g))
 
     chosen = set(initial_hosts(config) if hosts is None else hosts)
@@ -114,7 +114,7 @@ def task_slots(
 def per_gpu_hosts(config: ClusterConfig) -> list[int]:
     """Hosts (by position) whose task count is their GPU count ("per_gpu")."""
     places = config.backend.places()
-    return [h for h in range(len(places)) if host_slots(config.backend, h) is None]
+    return [h for h in range(len(places)) if config.backend.host_slots(h) is None]
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from orchestrator.agents import TransportHosts
-from orchestrator.config import ClusterConfig, host_gpus_per_task, host_slots
+from orchestrator.config import ClusterConfig
 from orchestrator.errors import (
     HostsUnreachable,
     OrchestrateError,
@@ -90,9 +90,9 @@ def preflight(
             "token_file": f"{token_dir}/{i}",
             "token": f"{token}-{i}",
         }
-        per_task = host_gpus_per_task(config.backend, i)
+        per_task = config.backend.host_gpus_per_task(i)
         if per_task:
-            per_gpu = host_slots(config.backend, i) is None
+            per_gpu = config.backend.host_slots(i) is None
             args["gpu"] = {"job_id": job_id, "per_task": per_task, "per_gpu": per_gpu}
         data = backend.transport(i).worker_call("probe", args, timeout=PROBE_TIMEOUT)
         answered.add(i)
@@ -106,7 +106,7 @@ def preflight(
         elif per_task and data["gpu"].get("counted"):  # else the probe said why not
             gpus = host_gpus(data["gpu"])
             problems += gpu_problems(
-                gpus, per_task, host_slots(config.backend, i), force, data.get("tensorflow") or ""
+                gpus, per_task, config.backend.host_slots(i), force, data.get("tensorflow") or ""
             )
         if problems:
             raise PreflightError(", ".join(problems))

@@ -31,11 +31,21 @@ def unsupervised_check(job: JobRecord, task: TaskRecord) -> str | None:
     'unconfirmed'. None: the task ended."""
     if task.state.is_terminal():
         return None
-    if job.backend == "local" and task.agent_pid:
+    if task.agent_pid and _local_processes(job.backend):
         from worker.proctl import is_same
 
         return "alive" if is_same(task.agent_pid, task.agent_ident) else "gone"
     return "unconfirmed"
+
+
+def _local_processes(backend_type: str) -> bool:
+    from orchestrator.backends import plugin_for
+    from orchestrator.errors import OrchestrateError
+
+    try:
+        return plugin_for(backend_type).capabilities.local_processes
+    except OrchestrateError:  # a plug-in no longer installed here: say what is known
+        return False
 
 
 def job_view(job: JobRecord, tasks: list[TaskRecord], now: float) -> dict[str, Any]:
@@ -336,7 +346,6 @@ def plan_size(cfg: ClusterConfig, plan: LaunchPlan) -> str:
 
 def render_dry_run(cfg: ClusterConfig) -> None:
     """`launch --dry-run`: the plan, the trainer's command and each task's TF_CONFIG."""
-    from orchestrator.config import host_gpus_per_task
     from orchestrator.gpus import task_env
     from orchestrator.plan import dry_run_plan, per_gpu_hosts
     from orchestrator.specs import entrypoint_command
@@ -352,7 +361,7 @@ def render_dry_run(cfg: ClusterConfig) -> None:
     for task in plan.tasks:
         gpus = ""
         if task.host_index in per_gpu:
-            g = host_gpus_per_task(cfg.backend, task.host_index)
+            g = cfg.backend.host_gpus_per_task(task.host_index)
             gpus = f" GPUs: one task per {'GPU' if g == 1 else f'{g} GPUs'}, counted at launch"
         elif task.gpus:
             gpus = f" GPUs {','.join(map(str, task.gpus))}"

@@ -279,7 +279,9 @@ def test_a_damaged_attempts_file_is_named_in_one_line(tmp_path: Path) -> None:
     log = tmp_path / "worker-0.log"
     log.write_bytes(b"line\n")
     (tmp_path / "worker-0.attempts").write_bytes(b"0 0\n1 \xff garbage\n")
-    with pytest.raises(OrchestrateError, match=r"worker-0\.attempts: line 2 is not `ATTEMPT OFFSET`"):
+    with pytest.raises(
+        OrchestrateError, match=r"worker-0\.attempts: line 2 is not `ATTEMPT OFFSET`"
+    ):
         attempt_span(log, 0)
     (tmp_path / "worker-0.attempts").write_bytes(b"0 0\n1 3\n")
     assert attempt_span(log, 0) == (0, 3)

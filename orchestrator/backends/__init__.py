@@ -1,13 +1,12 @@
-"""Backends answer "where do tasks run, how do we start, reach and stop them". Each backend owns
-its whole lifecycle in its own module, behind the `Backend` protocol below; the supervisor, the
-CLI and the stop path never ask which backend they hold.
+"""Backends answer "where do tasks run, how do we start, reach and stop them". Each backend is a
+plug-in (registry.py) that owns its whole lifecycle behind the `Backend` protocol (base.py); the
+supervisor, the CLI and the stop path never ask which backend they hold.
 
 - local.py: one host, this machine; every task a local process on loopback.
 - ssh.py: one host per cluster.toml entry, reached over SSH.
 - slurm.py: one host per node of a Slurm allocation; every attempt one srun step in it.
 
 local and ssh start an agent per task themselves (agent_hosts.py); Slurm's srun starts them.
-The protocol and the values that cross it are in base.py.
 """
 
 from __future__ import annotations
@@ -20,10 +19,12 @@ from orchestrator.backends.base import (
     LaunchRequest,
     Sweep,
 )
-from orchestrator.config import ClusterConfig, LocalBackend, SlurmBackend, SshBackend
+from orchestrator.backends.registry import BackendPlugin, plugin_for, register_backend
+from orchestrator.config import ClusterConfig
 
 __all__ = [
     "Backend",
+    "BackendPlugin",
     "Capabilities",
     "LaunchHooks",
     "LaunchRequest",
@@ -32,37 +33,21 @@ __all__ = [
     "check_before_register",
     "dry_run_notes",
     "open_backend",
+    "plugin_for",
+    "register_backend",
 ]
 
 
 def open_backend(config: ClusterConfig) -> Backend:
-    if isinstance(config.backend, LocalBackend):
-        from orchestrator.backends.local import LocalHosts
-
-        return LocalHosts(config.backend)
-    if isinstance(config.backend, SlurmBackend):
-        from orchestrator.backends.slurm import SlurmHosts
-
-        return SlurmHosts(config.backend)
-    assert isinstance(config.backend, SshBackend)
-    from orchestrator.backends.ssh import SshHosts  # paramiko is imported only for SSH jobs
-
-    return SshHosts(config.backend)
+    return plugin_for(config.backend.type).open(config.backend)
 
 
 def check_before_register(config: ClusterConfig, config_path: str) -> None:
-    """The backend's own verdict on a job before it is registered (Slurm: sbatch --test-only);
-    raises ConfigError naming the file and key. Nothing is started either way."""
-    if isinstance(config.backend, SlurmBackend):
-        from orchestrator.backends.slurm_allocation import check_submission
-
-        check_submission(config, config_path)
+    """The backend's own verdict on a job before it is registered (raises ConfigError naming the
+    file and key). Nothing is started either way."""
+    plugin_for(config.backend.type).check_before_register(config, config_path)
 
 
 def dry_run_notes(config: ClusterConfig) -> list[str]:
-    """What `launch --dry-run` adds for the backend (Slurm: its sbatch and srun lines)."""
-    if isinstance(config.backend, SlurmBackend):
-        from orchestrator.backends.slurm_commands import dry_run_lines
-
-        return dry_run_lines(config)
-    return []
+    """What `launch --dry-run` adds for the backend."""
+    return plugin_for(config.backend.type).dry_run_notes(config)

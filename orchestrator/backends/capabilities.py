@@ -1,5 +1,6 @@
 """What a backend can do, as flags the rest of the code reads instead of asking which backend it
-is."""
+is; each built-in backend's, here, so that its plug-in can say so before the backend is opened
+(`status` reads them without importing any backend)."""
 
 from __future__ import annotations
 
@@ -19,3 +20,19 @@ class Capabilities:
     elastic_width: bool = True
     # Hosts are known before the job (`orchestrate check` can try their ports).
     hosts_known_before_launch: bool = True
+    # Every task's agent is a process of this machine: without a supervisor, `status` can
+    # still tell by its pid (and start time) whether it lives.
+    local_processes: bool = False
+
+
+LOCAL = Capabilities(local_processes=True)
+SSH = Capabilities()
+# Slurm ends the step's tasks itself, places them, and names the nodes only once the
+# allocation runs. Standbys live in a keeper step of their own, beside the attempts' steps,
+# for as long as the allocation runs: never past the job.
+SLURM = Capabilities(
+    kept_standbys=False,
+    orphan_timeout=False,
+    elastic_width=False,
+    hosts_known_before_launch=False,
+)

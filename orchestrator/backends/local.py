@@ -7,6 +7,7 @@ import sys
 from typing import Any
 
 from orchestrator.backends.agent_hosts import AgentHosts
+from orchestrator.backends.capabilities import LOCAL
 from orchestrator.config import ClusterConfig, LocalBackend
 from orchestrator.errors import OrchestrateError, TransportError
 from orchestrator.preflight import PROBE_TIMEOUT
@@ -15,6 +16,7 @@ from orchestrator.transport.local import LocalTransport
 
 class LocalHosts(AgentHosts):
     kind = "local"
+    capabilities = LOCAL
 
     def __init__(self, config: LocalBackend) -> None:
         python = config.python or sys.executable

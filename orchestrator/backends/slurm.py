@@ -23,7 +23,7 @@ from typing import Any
 from orchestrator import shipping
 from orchestrator.agents import AgentRef
 from orchestrator.backends.base import Launched, LaunchHooks, LaunchRequest, Sweep
-from orchestrator.backends.capabilities import Capabilities
+from orchestrator.backends.capabilities import SLURM
 from orchestrator.backends.slurm_allocation import (
     RELEASE_WAIT,
     Allocation,
@@ -98,15 +98,7 @@ class SlurmHosts:
     """The Slurm backend: `nodes` hosts, named once the allocation runs."""
 
     kind = "slurm"
-    # Slurm ends the step's tasks itself, places them, and names the nodes only once the
-    # allocation runs. Standbys live in a keeper step of their own, beside the attempts' steps,
-    # for as long as the allocation runs: never past the job.
-    capabilities = Capabilities(
-        kept_standbys=False,
-        orphan_timeout=False,
-        elastic_width=False,
-        hosts_known_before_launch=False,
-    )
+    capabilities = SLURM
 
     def __init__(self, config: SlurmBackend) -> None:
         self.config = config

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 
 from orchestrator.backends.agent_hosts import AgentHosts
+from orchestrator.backends.capabilities import SSH
 from orchestrator.config import ClusterConfig, SshBackend
 from orchestrator.errors import LaunchError
 from orchestrator.fanout import each
@@ -15,6 +16,7 @@ class SshHosts(AgentHosts):
     """One transport per cluster.toml host, connections opened on first use."""
 
     kind = "ssh"
+    capabilities = SSH
 
     def __init__(self, config: SshBackend) -> None:
         lock = threading.Lock()

@@ -1,14 +1,12 @@
 """cluster.toml: what it may hold (`model`, `values`), how it is read (`load`) and the rules
 across its keys (`rules`). Everything else imports from here."""
 
-from orchestrator.config.load import load_config, parse_config
+from orchestrator.config.base import LOOPBACK, BackendSection, HostPlace
+from orchestrator.config.load import load_config, parse_config, parse_stored_config
 from orchestrator.config.model import (
-    LOOPBACK,
     PER_GPU,
-    Backend,
     ClusterConfig,
     EntrypointSection,
-    HostPlace,
     JobSection,
     LocalBackend,
     PortsSection,
@@ -18,10 +16,9 @@ from orchestrator.config.model import (
     SshHost,
     StrategySection,
     SupervisionSection,
-    host_gpus_per_task,
-    host_slots,
     slurm_node_label,
 )
+from orchestrator.config.registry import register_section
 from orchestrator.config.values import DEFAULT_SSH_PORT, MAX_PORT, normalized_address
 
 __all__ = [
@@ -29,7 +26,7 @@ __all__ = [
     "LOOPBACK",
     "MAX_PORT",
     "PER_GPU",
-    "Backend",
+    "BackendSection",
     "ClusterConfig",
     "EntrypointSection",
     "HostPlace",
@@ -42,10 +39,10 @@ __all__ = [
     "SshHost",
     "StrategySection",
     "SupervisionSection",
-    "host_gpus_per_task",
-    "host_slots",
     "load_config",
     "normalized_address",
     "parse_config",
+    "parse_stored_config",
+    "register_section",
     "slurm_node_label",
 ]

@@ -6,6 +6,7 @@ Every error becomes one `ConfigError` line naming the file and the TOML key path
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import tomllib
@@ -16,6 +17,7 @@ from pydantic import ValidationError
 from pydantic_core import ErrorDetails
 
 from orchestrator.config.model import ClusterConfig, SshBackend
+from orchestrator.config.registry import ensure_section, section_types
 from orchestrator.config.rules import check_semantics
 from orchestrator.config.values import (
     MAX_CONFIG_BYTES,
@@ -42,10 +44,19 @@ def load_config(path: str | Path) -> ClusterConfig:
 def parse_config(raw: dict[str, Any], source: str = "cluster.toml") -> ClusterConfig:
     """Validate an already parsed TOML document (pure)."""
     _check_raw(raw, (), source)
+    backend = raw.get("backend")
+    ensure_section(backend.get("type") if isinstance(backend, dict) else None)
     try:
         return ClusterConfig.model_validate(raw)
     except ValidationError as exc:
         raise ConfigError("\n".join(f"{source}: {line}" for line in _describe(exc))) from None
+
+
+def parse_stored_config(text: str) -> ClusterConfig:
+    """A job's config as its record holds it (validated when the job was registered)."""
+    backend = json.loads(text).get("backend")
+    ensure_section(backend.get("type") if isinstance(backend, dict) else None)
+    return ClusterConfig.model_validate_json(text)
 
 
 def _read_toml(path: Path, source: str) -> dict[str, Any]:
@@ -115,7 +126,10 @@ def _describe(exc: ValidationError) -> list[str]:
     """One line per problem, each naming its key path (the first problem of each key)."""
     lines: dict[str, str] = {}
     for error in exc.errors():
-        key = key_path(error["loc"])
+        loc = error["loc"]
+        if loc[:1] == ("backend",) and len(loc) > 1 and loc[1] in section_types():
+            loc = loc[:1] + loc[2:]  # the union's tag ('local', 'ssh', ...) is not a key
+        key = key_path(loc)
         if key not in lines:
             text = _problem(error)
             lines[key] = f"{key}: {text}" if key else text
@@ -136,10 +150,15 @@ def _problem(error: ErrorDetails) -> str:
         return f"{_short_bound(error['msg'])} (got {show(error['input'])})"
     if kind == "union_tag_invalid":
         tag = error["input"].get("type")
-        return f"unknown backend type {show(tag)} (expected 'local', 'ssh' or 'slurm')"
+        return f"unknown backend type {show(tag)} (expected {_one_of(section_types())})"
     if kind == "union_tag_not_found":
-        return "missing 'type' (expected 'local', 'ssh' or 'slurm')"
+        return f"missing 'type' (expected {_one_of(section_types())})"
     return oneline(error["msg"].removeprefix("Value error, "))
+
+
+def _one_of(names: tuple[str, ...]) -> str:
+    quoted = [repr(n) for n in names]
+    return ", ".join(quoted[:-1]) + " or " + quoted[-1] if len(quoted) > 1 else quoted[0]
 
 
 # Keys a user may well expect where they are not: what to write instead.

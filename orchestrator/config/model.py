@@ -3,20 +3,12 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal, get_args
 
-from pydantic import (
-    AfterValidator,
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    Field,
-    Strict,
-    model_validator,
-)
+from pydantic import AfterValidator, BeforeValidator, Field, Strict, model_validator
 
+from orchestrator.config.base import LOOPBACK, BackendSection, ConfigModel, HostPlace
 from orchestrator.config.values import (
     MAX_PORT,
     MAX_RESTARTS,
@@ -30,13 +22,6 @@ from orchestrator.config.values import (
     _check_path,
     show,
 )
-
-
-class _Model(BaseModel):
-    # strict: no silent coercion ("2" or true is not an int; ints are still fine as floats);
-    # inf and nan are refused in every float.
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
-
 
 # Paths come from TOML as strings.
 ConfigPath = Annotated[Path, Strict(False), AfterValidator(_check_path)]
@@ -66,7 +51,7 @@ TaskCount = Annotated[int | Literal["per_gpu"], BeforeValidator(_count_or_per_gp
 GpusPerTask = Annotated[int, Field(ge=1, le=64)]
 
 
-class JobSection(_Model):
+class JobSection(ConfigModel):
     name: Annotated[
         str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
     ]
@@ -75,7 +60,7 @@ class JobSection(_Model):
     shared_dir: ConfigPath
 
 
-class EntrypointSection(_Model):
+class EntrypointSection(ConfigModel):
     """What each task trains: `python -m MODULE ARGS` or `python SCRIPT ARGS`."""
 
     module: ModuleName | None = None
@@ -96,20 +81,7 @@ class EntrypointSection(_Model):
         return self
 
 
-@dataclass(frozen=True)
-class HostPlace:
-    """A host as cluster.toml names it: its label, the address its tasks listen on ("": the
-    scheduler's choice, known once allocated) and whether it is a spare."""
-
-    label: str
-    address: str
-    spare: bool = False
-
-
-LOOPBACK = "127.0.0.1"
-
-
-class LocalBackend(_Model):
+class LocalBackend(BackendSection):
     """Every task is a local process on loopback: the same code path as remote hosts."""
 
     type: Literal["local"]
@@ -123,8 +95,15 @@ class LocalBackend(_Model):
     def places(self) -> tuple[HostPlace, ...]:
         return (HostPlace("local", LOOPBACK),)
 
+    def host_slots(self, host: int) -> int | None:
+        return None if self.workers == PER_GPU else int(self.workers)
 
-class SshHost(_Model):
+    def host_gpus_per_task(self, host: int) -> int:
+        # "per_gpu" alone means one GPU a task.
+        return self.gpus_per_task or (1 if self.workers == PER_GPU else 0)
+
+
+class SshHost(ConfigModel):
     # A hostname (or ~/.ssh/config Host alias) or an IP address; never user@host:port.
     address: HostAddress
     # A label shown in logs and status; defaults to the address.
@@ -148,7 +127,7 @@ class SshHost(_Model):
         return self.name or self.address
 
 
-class SshBackend(_Model):
+class SshBackend(BackendSection):
     type: Literal["ssh"]
     hosts: Annotated[list[SshHost], Field(min_length=1)]
     # Defaults for every host; a host's own value wins.
@@ -169,6 +148,14 @@ class SshBackend(_Model):
 
     def places(self) -> tuple[HostPlace, ...]:
         return tuple(HostPlace(h.label, h.address, h.spare) for h in self.hosts)
+
+    def host_slots(self, host: int) -> int | None:
+        slots = self.hosts[host].slots
+        return None if slots == PER_GPU else int(slots)
+
+    def host_gpus_per_task(self, host: int) -> int:
+        entry = self.hosts[host]
+        return entry.gpus_per_task or self.gpus_per_task or (1 if entry.slots == PER_GPU else 0)
 
 
 # Slurm's own spellings, checked here so that a typo is a one-line error before anything is
@@ -202,7 +189,7 @@ SlurmGres = Annotated[
 ]
 
 
-class SlurmBackend(_Model):
+class SlurmBackend(BackendSection):
     """The job runs in one Slurm allocation (sbatch); every attempt is one srun step in it."""
 
     type: Literal["slurm"]
@@ -236,22 +223,24 @@ class SlurmBackend(_Model):
         # Nodes are Slurm's choice: named once the allocation runs.
         return tuple(HostPlace(slurm_node_label(n), "") for n in range(self.nodes))
 
+    def host_slots(self, host: int) -> int | None:
+        return self.tasks_per_node
+
+    # host_gpus_per_task: none, as Slurm assigns GPUs itself (gres).
+
 
 def slurm_node_label(n: int) -> str:
     """A Slurm node's label until the allocation names it."""
     return f"node{n}"
 
 
-Backend = Annotated[LocalBackend | SshBackend | SlurmBackend, Field(discriminator="type")]
-
-
-class PortsSection(_Model):
+class PortsSection(ConfigModel):
     # 0: probe a free port on each host just before launch (the safe default). Otherwise task
     # ports on a host are base, base+1, ...
     base: Annotated[int, Field(ge=0, le=MAX_PORT)] = 0
 
 
-class SupervisionSection(_Model):
+class SupervisionSection(ConfigModel):
     heartbeat_interval: Annotated[float, Field(gt=0, le=60)] = 1.0
     # A task whose heartbeat is older than this is considered lost.
     heartbeat_timeout: Annotated[Seconds, Field(gt=0)] = 30.0
@@ -283,7 +272,7 @@ class SupervisionSection(_Model):
     straggler_threshold: Annotated[float, Field(gt=0, le=10)] = 0.15
 
 
-class RestartSection(_Model):
+class RestartSection(ConfigModel):
     """Whole-group restarts: MWMS cannot go on without a peer, and a task restarted alone can
     deadlock, so any failure stops every task and starts them all again from the checkpoint."""
 
@@ -319,7 +308,7 @@ class RestartSection(_Model):
     keep_standbys_mb: Annotated[int, Field(ge=0, le=1 << 20)] = 4096
 
 
-class StrategySection(_Model):
+class StrategySection(ConfigModel):
     """Which tf.distribute strategy the runtime builds (worker.runtime.make_strategy)."""
 
     # multi_worker_mirrored: every task, one replica per device (the default across hosts);
@@ -352,7 +341,7 @@ def _check_webhook(url: str) -> str:
     return check_url(url)
 
 
-class NotifySection(_Model):
+class NotifySection(ConfigModel):
     """Hooks run on the coordinator when the job meets one of `events`: `command` gets the event
     and the job's status as one JSON document on stdin, `webhook` the same as an HTTP POST
     (retried with backoff). Neither ever blocks or breaks supervision."""
@@ -363,37 +352,13 @@ class NotifySection(_Model):
     timeout: Annotated[Seconds, Field(gt=0)] = 10.0  # per try of a command or a POST
 
 
-class ClusterConfig(_Model):
+class ClusterConfig(ConfigModel):
     job: JobSection
     entrypoint: EntrypointSection
-    backend: Backend
+    # Any registered backend's section, chosen by its `type` (orchestrator.config.registry).
+    backend: BackendSection
     ports: PortsSection = PortsSection()
     supervision: SupervisionSection = SupervisionSection()
     restart: RestartSection = RestartSection()
     strategy: StrategySection = StrategySection()
     notify: NotifySection = NotifySection()
-
-
-def host_gpus_per_task(backend: LocalBackend | SshBackend | SlurmBackend, host: int) -> int:
-    """GPUs each task on this host (by position) gets; 0: none assigned (CUDA_VISIBLE_DEVICES
-    left alone). "per_gpu" alone means one GPU a task."""
-    if isinstance(backend, LocalBackend):
-        given, per_gpu = backend.gpus_per_task, backend.workers == PER_GPU
-    elif isinstance(backend, SshBackend):
-        entry = backend.hosts[host]
-        given = entry.gpus_per_task or backend.gpus_per_task
-        per_gpu = entry.slots == PER_GPU
-    else:  # Slurm assigns GPUs itself (gres)
-        return 0
-    return given or (1 if per_gpu else 0)
-
-
-def host_slots(backend: LocalBackend | SshBackend | SlurmBackend, host: int) -> int | None:
-    """Tasks on this host (by position); None: "per_gpu", known once its GPUs are counted."""
-    if isinstance(backend, LocalBackend):
-        count: int | str = backend.workers
-    elif isinstance(backend, SshBackend):
-        count = backend.hosts[host].slots
-    else:
-        return backend.tasks_per_node
-    return None if count == PER_GPU else int(count)

@@ -11,8 +11,6 @@ from orchestrator.config.model import (
     LocalBackend,
     SlurmBackend,
     SshBackend,
-    host_gpus_per_task,
-    host_slots,
 )
 from orchestrator.config.values import (
     DEFAULT_SSH_PORT,
@@ -47,9 +45,10 @@ def check_semantics(config: ClusterConfig, source: str) -> None:
     if isinstance(backend, SlurmBackend):
         _check_slurm(config, backend, source)
     # A "per_gpu" host counts as one task here: its GPUs are counted at launch.
-    host_count = 1 if not isinstance(backend, SshBackend) else len(backend.hosts)
-    counts = [host_slots(backend, h) or 1 for h in range(host_count)]
-    per_gpu_hosts = [h for h in range(host_count) if host_slots(backend, h) is None]
+    places = backend.places()
+    host_count = len(places)
+    counts = [backend.host_slots(h) or 1 for h in range(host_count)]
+    per_gpu_hosts = [h for h in range(host_count) if backend.host_slots(h) is None]
     per_host = max(counts)
     base = config.ports.base
     if base and base + per_host - 1 > MAX_PORT:
@@ -57,13 +56,7 @@ def check_semantics(config: ClusterConfig, source: str) -> None:
             f"{source}: ports.base: {base} + {per_host} task(s) on a host needs ports up to "
             f"{base + per_host - 1} (> {MAX_PORT})"
         )
-    tasks = (
-        counts[0]
-        if isinstance(backend, LocalBackend)
-        else backend.nodes * backend.tasks_per_node
-        if isinstance(backend, SlurmBackend)
-        else sum(counts[h] for h, host in enumerate(backend.hosts) if not host.spare)
-    )
+    tasks = sum(counts[h] for h, place in enumerate(places) if not place.spare)
     if isinstance(backend, SshBackend) and tasks == 0:
         raise ConfigError(
             f"{source}: backend.hosts: every host is a spare: at least one must not be"
@@ -123,8 +116,8 @@ GPU_ENV_MANAGED = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
 
 def _check_gpus(config: ClusterConfig, source: str) -> None:
     backend = config.backend
-    hosts = range(len(backend.hosts)) if isinstance(backend, SshBackend) else range(1)
-    if not any(host_gpus_per_task(backend, h) for h in hosts):
+    hosts = range(len(backend.places()))
+    if not any(backend.host_gpus_per_task(h) for h in hosts):
         return
     for name in GPU_ENV_MANAGED:
         if name in config.entrypoint.env:

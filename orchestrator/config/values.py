@@ -172,10 +172,7 @@ def oneline(what: BaseException | str) -> str:
 
 def key_path(loc: tuple[int | str, ...]) -> str:
     parts: list[str] = []
-    for i, item in enumerate(loc):
-        # A discriminated union puts the tag ('local'/'ssh') in the path: drop it.
-        if i > 0 and loc[i - 1] == "backend" and item in ("local", "ssh", "slurm"):
-            continue
+    for item in loc:
         if isinstance(item, int):
             parts.append(f"[{item}]")
         else:

@@ -1,20 +1,31 @@
-"""A fourth backend, for tests only: every host of an SSH cluster.toml runs on this machine, as
-local processes listening on the host's own loopback address (127.0.0.2, 127.0.0.3, ...).
+"""A fourth backend, for tests only, written as any plug-in would be: its own `[backend]`
+section, registered at import (`register_backend`), found by other processes through the
+`orchestrate.backends` entry point of an installed distribution.
 
-It is written against orchestrator.backends.base.Backend alone: no line of the supervisor,
-the attempts or the stop path knows it exists. It records each lifecycle call it gets, so that
-a test can see the whole lifecycle went through the seam."""
+    [backend]
+    type = "loopback"
+    addresses = ["127.0.0.2", "127.0.0.3"]   # one host each, on this machine
+    record = "/path/calls.log"               # optional: each lifecycle call, one per line
+
+Each host's tasks are local processes listening on the host's own loopback address. Nothing
+outside this file knows it exists; it records each lifecycle call it gets, so that a test can
+see the whole lifecycle went through the seam (from every process: `launch`, `stop`, `attach`
+and `check` each open it in their own)."""
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-from typing import Any
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import Field
 
 from orchestrator.agents import AgentRef, start_agents, stop_agent_groups
+from orchestrator.backends import BackendPlugin, register_backend
 from orchestrator.backends.base import Launched, LaunchHooks, LaunchRequest, Sweep
 from orchestrator.backends.capabilities import Capabilities
-from orchestrator.config import SshBackend
+from orchestrator.config import BackendSection, HostPlace
 from orchestrator.fanout import HostResults, each
 from orchestrator.plan import plan_on_hosts
 from orchestrator.preflight import preflight
@@ -23,13 +34,33 @@ from orchestrator.transport.local import LocalTransport
 from worker.spec import JobLayout
 
 
+class LoopbackSection(BackendSection):
+    type: Literal["loopback"]
+    addresses: Annotated[list[Annotated[str, Field(pattern=r"^127\.\d+\.\d+\.\d+$")]],
+                         Field(min_length=1)]  # fmt: skip
+    record: str | None = None
+
+    def places(self) -> tuple[HostPlace, ...]:
+        return tuple(HostPlace(f"lo-{a.rpartition('.')[2]}", a) for a in self.addresses)
+
+
+CAPABILITIES = Capabilities(warm_restarts=False, local_processes=True)
+
+
 class LoopbackHosts:
     kind = "loopback"
-    capabilities = Capabilities(warm_restarts=False)
+    capabilities = CAPABILITIES
 
-    def __init__(self, config: SshBackend) -> None:
-        self._transports = [LocalTransport(h.label, sys.executable) for h in config.hosts]
+    def __init__(self, section: LoopbackSection) -> None:
+        self._transports = [LocalTransport(p.label, sys.executable) for p in section.places()]
+        self._record = Path(section.record) if section.record else None
         self.calls: list[str] = []
+
+    def _called(self, call: str) -> None:
+        self.calls.append(call)
+        if self._record is not None:
+            with self._record.open("a") as f:
+                f.write(call + "\n")
 
     def host_count(self) -> int:
         return len(self._transports)
@@ -41,7 +72,7 @@ class LoopbackHosts:
         return sys.executable
 
     def launch(self, request: LaunchRequest, hooks: LaunchHooks) -> Launched | None:
-        self.calls.append(f"launch {request.attempt} on {list(request.hosts)}")
+        self._called(f"launch {request.attempt} on {list(request.hosts)}")
         config = request.config
         reports = preflight(config, self, request.job_id, request.hosts, hooks.host_answered)
         ports = {h: r.ports for h, r in reports.items()}
@@ -51,14 +82,14 @@ class LoopbackHosts:
         return Launched(plan, agents)
 
     def stop_agents(self, agents: Sequence[AgentRef], grace: float) -> HostResults[int, None]:
-        self.calls.append(f"stop {sorted(a.task_index for a in agents)}")
+        self._called(f"stop {sorted(a.task_index for a in agents)}")
         return stop_agent_groups(self, agents, grace)
 
     def adopt(self, job: JobRecord, layout: JobLayout) -> None:
-        self.calls.append("adopt")
+        self._called("adopt")
 
     def sweep(self, job: JobRecord, grace: float) -> Sweep:
-        self.calls.append("sweep")
+        self._called("sweep")
         results = each(
             range(self.host_count()), lambda h: self.transport(h).stop_job(job.id, grace)
         )
@@ -66,13 +97,26 @@ class LoopbackHosts:
         return Sweep({}, left, frozenset(h for h, p in results.succeeded.items() if p))
 
     def end_standbys(self, job_id: str) -> None:
-        self.calls.append("end_standbys")
+        self._called("end_standbys")
+
+    def standbys(self, clear: bool) -> HostResults[int, list[dict[str, Any]]]:
+        self._called(f"standbys clear={clear}")
+        return each(range(self.host_count()), lambda h: [])  # it keeps none
 
     def finish(self, layout: JobLayout, succeeded: bool) -> None:
-        self.calls.append(f"finish succeeded={succeeded}")
+        self._called(f"finish succeeded={succeeded}")
 
     def lasting_call(self, host_index: int, op: str, args: dict[str, Any], timeout: float) -> Any:
-        return self.transport(host_index).worker_call(op, args, timeout=timeout)
+        self._called(f"lasting_call {op}")
+        from worker import hostd  # in this process: a listener must outlive the call
+
+        if "key" in args:  # every host's listener lives in this one process: one key each
+            args = {**args, "key": f"{args['key']}@{host_index}"}
+        return hostd.handle(op, args)
 
     def close(self) -> None:
-        self.calls.append("close")
+        self._called("close")
+
+
+PLUGIN = BackendPlugin(LoopbackSection, LoopbackHosts, CAPABILITIES)
+register_backend(PLUGIN)
