@@ -271,8 +271,8 @@ class _Hooks:
         self._control.store.add_event(self._control.job_id, "queued", text)
         self._control.sink.info(text)
 
-    def scheduled(self, scheduler_job: str) -> None:
-        self._control.store.update_job(self._control.job_id, scheduler_job=scheduler_job)
+    def remember(self, backend_state: str) -> None:
+        self._control.store.update_job(self._control.job_id, backend_state=backend_state)
 
     def planned(self, plan: LaunchPlan) -> list[WorkerSpec]:
         return self._control.record_plan(plan, self._number, self._since_launch)

@@ -43,7 +43,8 @@ class JobRecord:
     supervisor_ident: str = ""  # worker.proctl.identity of supervisor_pid
     hosts_json: str = ""  # host_pool.HostPool: which hosts train, wait, stand by or rest
     budget_base: int = 0  # counted restarts before the last `resume`: a resume starts afresh
-    scheduler_job: str = ""  # the Slurm job id of the job's allocation ("": none)
+    # What the job's backend keeps for it across supervisors (opaque here; Slurm: its job id).
+    backend_state: str = ""
     forced: bool = False  # `launch --force`: GPUs busy with other programs are used anyway
 
 

@@ -17,6 +17,7 @@ from orchestrator.store import JobRecord, Store, TaskRecord
 from worker.spec import Phase, Resources, StepSignal, remaining_steps
 
 if TYPE_CHECKING:
+    from orchestrator.backends import BackendPlugin
     from orchestrator.config import ClusterConfig
     from orchestrator.plan import LaunchPlan
 
@@ -38,14 +39,25 @@ def unsupervised_check(job: JobRecord, task: TaskRecord) -> str | None:
     return "unconfirmed"
 
 
-def _local_processes(backend_type: str) -> bool:
+def _plugin(backend_type: str) -> BackendPlugin | None:
     from orchestrator.backends import plugin_for
     from orchestrator.errors import OrchestrateError
 
     try:
-        return plugin_for(backend_type).capabilities.local_processes
+        return plugin_for(backend_type)
     except OrchestrateError:  # a plug-in no longer installed here: say what is known
-        return False
+        return None
+
+
+def _local_processes(backend_type: str) -> bool:
+    plugin = _plugin(backend_type)
+    return plugin is not None and plugin.capabilities.local_processes
+
+
+def _allocation(job: JobRecord) -> str | None:
+    """The backend's name for what it holds for the job (a Slurm job id); None: nothing."""
+    plugin = _plugin(job.backend)
+    return plugin.allocation(job.backend_state) if plugin and job.backend_state else None
 
 
 def job_view(job: JobRecord, tasks: list[TaskRecord], now: float) -> dict[str, Any]:
@@ -56,7 +68,7 @@ def job_view(job: JobRecord, tasks: list[TaskRecord], now: float) -> dict[str, A
         "name": job.name,
         "state": job.state.value,
         "backend": job.backend,
-        "slurm_job": job.scheduler_job or None,
+        "allocation": _allocation(job),
         "attempt": job.attempt,
         "restarts": job.restarts,
         "preemptions": job.preemptions,
@@ -212,7 +224,7 @@ def render_status(views: list[dict[str, Any]], detailed: bool) -> None:
             [
                 v["id"],
                 state,
-                v["backend"] + (f" {v['slurm_job']}" if v["slurm_job"] else ""),
+                v["backend"] + (f" {v['allocation']}" if v["allocation"] else ""),
                 f"{running}/{len(v['tasks'])}",
                 str(v["restarts"]),
                 f"{v['wall_seconds']:.0f}s",

@@ -242,7 +242,7 @@ class SlurmBed(LocalBed):
                  f"--output={self.root}/urgent-%j.out", "--wrap", "sleep 1"],
                 capture_output=True, text=True, check=True, env={**os.environ, **self.env()},
             ).stdout.strip()  # fmt: skip
-            return f"Slurm job {urgent} in {slurmbed.URGENT} preempts {view['slurm_job']}"
+            return f"Slurm job {urgent} in {slurmbed.URGENT} preempts {view['allocation']}"
         return super().inject(kind, view, task)
 
     def close(self) -> None:

@@ -167,8 +167,8 @@ def test_a_three_node_job_trains_to_the_end_and_its_allocation_completes(
     assert all(re.fullmatch(r"n\d:\d+", t["address"]) for t in job["tasks"])
     assert "[worker-2 n2] Epoch 3/3" in result.out
     # The allocation ended as a job that succeeded does (the hold script saw the release).
-    assert slurm_state(job["slurm_job"]) == "COMPLETED"
-    assert job["slurm_job"] not in squeue_jobs()
+    assert slurm_state(job["allocation"]) == "COMPLETED"
+    assert job["allocation"] not in squeue_jobs()
     no_leftovers(job["id"])
 
 
@@ -178,7 +178,7 @@ def test_a_killed_trainer_restarts_the_group_as_a_new_step_of_the_same_allocatio
     path = slurm_toml(tmp_path, epochs=40, extra="standby_delay = 0")
     job_id = launch_detached(cli, path, reap_pids)
     running: Any = wait_for(lambda: tasks_at_epoch(cli, job_id, 2), 120, interval=0.3)
-    slurm_job = running["slurm_job"]
+    slurm_job = running["allocation"]
     logs = [tmp_path / "shared" / job_id / "logs" / f"worker-{i}.log" for i in range(3)]
     # Each task's keeper, in the job's keeper step, readies a standby while attempt 0 trains
     # (standby_delay = 0: as training begins).
@@ -189,7 +189,7 @@ def test_a_killed_trainer_restarts_the_group_as_a_new_step_of_the_same_allocatio
     job = wait_for_end(cli, job_id, timeout=240)
     assert job["state"] == "succeeded", events(cli, job_id)
     assert job["restarts"] >= 1  # one for the kill; a busy machine may add another
-    assert job["slurm_job"] == slurm_job  # no requeue: the same allocation
+    assert job["allocation"] == slurm_job  # no requeue: the same allocation
     step = json.loads((tmp_path / "shared" / job_id / "slurm" / "step.json").read_text())
     # The second attempt's srun step (the keeper step, started with the first, is another).
     assert step["attempt"] == job["attempt"] >= 1 and step["step"] != "0", step
@@ -215,7 +215,7 @@ def test_stop_cancels_the_allocation_and_leaves_nothing_on_any_node(
     job = job_view(cli, job_id)
     assert job["state"] == "stopped"
     assert all(t["state"] == "stopped" for t in job["tasks"]), job["tasks"]
-    assert slurm_state(running["slurm_job"]) == "CANCELLED"
+    assert slurm_state(running["allocation"]) == "CANCELLED"
     assert not job_processes(job_id)  # nothing of the job on any node (one PID namespace here)
     no_leftovers(job_id)
 
@@ -232,7 +232,7 @@ def test_stop_without_a_supervisor_is_scancel(
     result = cli("stop", job_id)
     assert result.code == 0, result
     assert job_view(cli, job_id)["state"] == "stopped"
-    assert slurm_state(running["slurm_job"]) == "CANCELLED"
+    assert slurm_state(running["allocation"]) == "CANCELLED"
     wait_for(lambda: not job_processes(job_id), 15)
 
 
@@ -242,7 +242,7 @@ def test_the_end_of_the_time_limit_checkpoints_then_requeues_and_resumes(
     path = slurm_toml(tmp_path, epochs=8, backend='time = "10"\nsignal_before_end = 60')
     job_id = launch_detached(cli, path, reap_pids)
     running: Any = wait_for(lambda: tasks_at_epoch(cli, job_id, 2), 120, interval=0.3)
-    slurm_job = running["slurm_job"]
+    slurm_job = running["allocation"]
     # The time limit comes near: under signal_before_end left, and the tasks get Slurm's
     # --signal (sent here at once; Slurm's own timer has a resolution of up to 60 s).
     subprocess.run(["scontrol", "update", f"JobId={slurm_job}", "TimeLimit=1"], check=True)
@@ -259,7 +259,7 @@ def test_the_end_of_the_time_limit_checkpoints_then_requeues_and_resumes(
     job = wait_for_end(cli, job_id, timeout=240)
     text = events(cli, job_id)
     assert job["state"] == "succeeded", text
-    assert job["slurm_job"] == slurm_job
+    assert job["allocation"] == slurm_job
     assert job["preemptions"] == 1 and job["restarts"] >= 1, text  # one preemption
     assert re.search(r"Slurm job \d+ requeued: \d+s left of its time limit", text)
     # Every task checkpointed at the epoch boundary on the signal and resumed after it.
@@ -274,7 +274,7 @@ def test_a_preemption_by_slurm_checkpoints_then_requeues_and_resumes(
     path = slurm_toml(tmp_path, epochs=8)
     job_id = launch_detached(cli, path, reap_pids)
     running: Any = wait_for(lambda: tasks_at_epoch(cli, job_id, 2), 120, interval=0.3)
-    slurm_job = running["slurm_job"]
+    slurm_job = running["allocation"]
     # A job in the higher-priority partition wants every node: Slurm preempts ours (SIGTERM,
     # GraceTime, requeue; PreemptMode=REQUEUE on the test bed).
     urgent = subprocess.run(
@@ -285,7 +285,7 @@ def test_a_preemption_by_slurm_checkpoints_then_requeues_and_resumes(
     job = wait_for_end(cli, job_id, timeout=240)
     text = events(cli, job_id)
     assert job["state"] == "succeeded", text
-    assert job["slurm_job"] == slurm_job
+    assert job["allocation"] == slurm_job
     assert job["preemptions"] == 1 and job["restarts"] >= 1, text  # one preemption
     # Our trainers checkpointed on Slurm's SIGTERM; the coordinator requeued at once rather than
     # start a step in an allocation that is going away.
@@ -341,7 +341,7 @@ def test_status_names_the_allocation_while_it_waits_in_the_queue(
             return jobs[0] if jobs and "PENDING" in jobs[0]["last_cause"] else None
 
         job: Any = wait_for(pending, 30)
-        assert job["state"] == "launching" and job["slurm_job"]
+        assert job["state"] == "launching" and job["allocation"]
         assert re.search(r"Slurm job \d+: PENDING \((Resources|Priority)\)", job["last_cause"])
         subprocess.run(["scancel", hold], check=True)
         out, _ = proc.communicate(timeout=180)

@@ -112,8 +112,8 @@ def test_a_store_of_the_previous_schema_is_upgraded_in_place(tmp_path: Path) -> 
     assert store.get_job("old-1").supervisor_ident == "boot:456"
     store.update_job("old-1", hosts_json="[]")  # and schema 4's
     assert store.get_job("old-1").hosts_json == "[]"
-    store.update_job("old-1", scheduler_job="17")  # and schema 5's
-    assert store.get_job("old-1").scheduler_job == "17"
+    store.update_job("old-1", backend_state="17")  # and schema 5's (renamed in 8)
+    assert store.get_job("old-1").backend_state == "17"
     from orchestrator.store import ResourceSample
     from worker.spec import Resources
 

@@ -45,8 +45,9 @@ class LaunchHooks(Protocol):
     def queued(self, text: str) -> None:
         """What the job waits for (a scheduler's queue): an event, and the job's cause meanwhile."""
 
-    def scheduled(self, scheduler_job: str) -> None:
-        """The scheduler's id of the job's allocation."""
+    def remember(self, backend_state: str) -> None:
+        """Keep this for the job (its record's `backend_state`, opaque to all but the backend):
+        what a later supervisor's `adopt` or a `sweep` needs, e.g. a scheduler's job id."""
 
     def planned(self, plan: LaunchPlan) -> list[WorkerSpec]:
         """The plan is known: its tasks are recorded (pending); returns each task's spec."""

@@ -35,6 +35,10 @@ def _no_notes(config: ClusterConfig) -> list[str]:
     return []
 
 
+def _no_allocation(backend_state: str) -> str | None:
+    return None
+
+
 @dataclass(frozen=True)
 class BackendPlugin:
     section: type[BackendSection]
@@ -46,6 +50,9 @@ class BackendPlugin:
     check_before_register: Callable[[ClusterConfig, str], None] = _nothing_to_check
     # What `launch --dry-run` adds (e.g. a scheduler's submission lines).
     dry_run_notes: Callable[[ClusterConfig], list[str]] = _no_notes
+    # What `status` calls the job's allocation, from the state the backend keeps for it
+    # (`LaunchHooks.remember`); None: nothing to name.
+    allocation: Callable[[str], str | None] = _no_allocation
 
     @property
     def type(self) -> str:
@@ -108,5 +115,8 @@ def _slurm_dry_run(config: ClusterConfig) -> list[str]:
 register_backend(BackendPlugin(LocalBackend, _open_local, LOCAL))
 register_backend(BackendPlugin(SshBackend, _open_ssh, SSH))
 register_backend(
-    BackendPlugin(SlurmBackend, _open_slurm, SLURM, _check_slurm_submission, _slurm_dry_run)
-)
+    BackendPlugin(
+        SlurmBackend, _open_slurm, SLURM, _check_slurm_submission, _slurm_dry_run,
+        allocation=lambda slurm_job: slurm_job or None,  # its state is its Slurm job id
+    )
+)  # fmt: skip

@@ -145,11 +145,11 @@ class SlurmHosts:
         """scancel the job's allocation (every step, every node) and wait until Slurm says it
         ended: all confirmed, or none."""
         unconfirmed = frozenset(range(self.host_count()))
-        if not job.scheduler_job:  # never submitted: nothing runs
+        if not job.backend_state:  # never submitted: nothing runs
             return Sweep({}, {})
-        name = f"Slurm job {job.scheduler_job}"
+        name = f"Slurm job {job.backend_state}"
         try:
-            ended = Allocation(job.scheduler_job).cancel(wait=grace)
+            ended = Allocation(job.backend_state).cancel(wait=grace)
         except OrchestrateError as exc:
             return Sweep({name: str(exc)}, {}, unconfirmed)
         if ended:
@@ -218,7 +218,7 @@ class SlurmHosts:
         while the allocation waited."""
         config, layout, attempt = request.config, request.layout, request.attempt
         running = self.ensure_running(
-            config, request.job_id, layout, attempt, hooks.queued, hooks.scheduled,
+            config, request.job_id, layout, attempt, hooks.queued, hooks.remember,
             hooks.stop_requested,
         )  # fmt: skip
         if not running or self.allocation is None:
@@ -362,7 +362,7 @@ class SlurmHosts:
 
     def adopt(self, job: JobRecord, layout: JobLayout) -> None:
         """A supervisor taking over: the job's allocation and its last step."""
-        self.allocation = Allocation(job.scheduler_job)
+        self.allocation = Allocation(job.backend_state)
         self.owns_allocation = True
         with contextlib.suppress(OSError, ValueError, KeyError):
             step = json.loads((Path(layout.root) / "slurm" / "step.json").read_text())["step"]
