@@ -1,3 +1,3 @@
-from orchestrator.cli import main
+from orchestrator.commands.cli import main
 
 main()

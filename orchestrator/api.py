@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.log_query import LogQuery, LogRecord, log_batches
-from orchestrator.store import JobRecord, Store
-from orchestrator.views import status_documents
+from orchestrator.logs.log_query import LogQuery, LogRecord, log_batches
+from orchestrator.state.store import JobRecord, Store
+from orchestrator.supervision.job_document import status_documents
 
 if TYPE_CHECKING:
     from orchestrator.config import ClusterConfig
@@ -91,9 +91,9 @@ class Job:
 def validate(config_path: str | Path) -> dict[str, Any]:
     """The checks of `orchestrate validate`: the document `validate --json` prints. Raises
     ConfigError listing every problem, one per line."""
+    from orchestrator.commands.json_views import validated
     from orchestrator.config import load_config
-    from orchestrator.json_views import validated
-    from orchestrator.plan import dry_run_plan
+    from orchestrator.planning.plan import dry_run_plan
 
     cfg = load_config(config_path)
     return validated(str(config_path), cfg, dry_run_plan(cfg))
@@ -124,7 +124,7 @@ def register(
     `sbatch --test-only`). Nothing is started."""
     from orchestrator.backends import check_before_register
     from orchestrator.config import load_config
-    from orchestrator.job_records import register_job
+    from orchestrator.state.job_records import register_job
 
     cfg = load_config(config_path)
     check_before_register(cfg, str(config_path))
@@ -139,7 +139,7 @@ def launch_detached(
 ) -> tuple[Job, int]:
     """Register the job and start its background supervisor; the job and the supervisor's pid
     once the tasks run."""
-    from orchestrator.detached import start_detached_supervisor
+    from orchestrator.commands.detached import start_detached_supervisor
 
     store, record, _ = register(config_path, force)
     _, pid = start_detached_supervisor(store, record, on_update)
@@ -149,8 +149,8 @@ def launch_detached(
 def reopen(job_ref: str) -> tuple[Store, JobRecord, ClusterConfig]:
     """A failed or stopped job made pending again for its next attempt, with the configuration
     it runs with (refused if its cluster.toml changed since the launch)."""
-    from orchestrator.job_records import launch_config
-    from orchestrator.job_state import reopen_for_resume
+    from orchestrator.state.job_records import launch_config
+    from orchestrator.state.job_state import reopen_for_resume
 
     store = Store()
     job = store.get_job(job_ref)
@@ -163,7 +163,7 @@ def resume(
 ) -> tuple[JobRecord, int]:
     """Reopen the job and start its background supervisor; the job and the supervisor's pid
     once its tasks run."""
-    from orchestrator.detached import start_detached_supervisor
+    from orchestrator.commands.detached import start_detached_supervisor
 
     store, record, _ = reopen(job_ref)
     return start_detached_supervisor(store, record, on_update)
@@ -171,8 +171,8 @@ def resume(
 
 def stop(job_ref: str) -> tuple[str, bool]:
     """Stop the job's tasks; (its state after, whether it had ended already)."""
-    from orchestrator.job_records import needs_stop
-    from orchestrator.stopping import stop_job
+    from orchestrator.commands.stopping import stop_job
+    from orchestrator.state.job_records import needs_stop
 
     store = Store()
     job = store.get_job(job_ref)

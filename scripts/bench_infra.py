@@ -86,8 +86,8 @@ def ssh_rows(root: Path, hosts: list[int], repeat: int, p1: Row, p7s: Row) -> No
 
 
 def status_with_store(root: Path, runs: int) -> list[float]:
-    from orchestrator.states import JobState, TaskState
-    from orchestrator.store import JobRecord, Store, TaskRecord
+    from orchestrator.state.states import JobState, TaskState
+    from orchestrator.state.store import JobRecord, Store, TaskRecord
 
     home = root / "home-status"
     store = Store(home / "state.db")

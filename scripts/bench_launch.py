@@ -28,12 +28,12 @@ sys.path.insert(0, str(REPO / "scripts"))
 
 import testbed as tb  # noqa: E402
 
-from orchestrator.agents import start_agents  # noqa: E402
 from orchestrator.backends import open_backend  # noqa: E402
+from orchestrator.backends.agents import start_agents  # noqa: E402
+from orchestrator.backends.preflight import preflight  # noqa: E402
 from orchestrator.config import load_config  # noqa: E402
-from orchestrator.plan import plan_on_hosts  # noqa: E402
-from orchestrator.preflight import preflight  # noqa: E402
-from orchestrator.specs import make_specs  # noqa: E402
+from orchestrator.planning.plan import plan_on_hosts  # noqa: E402
+from orchestrator.planning.task_specs import make_specs  # noqa: E402
 
 FAKE = REPO / "tests" / "fixtures" / "fake_trainer.py"
 

@@ -27,15 +27,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import testbed as tb
 from bench_launch import bench_config
 
-from orchestrator.agents import AgentRef
-from orchestrator.attempt import Attempt, Watch, agents_by_host
 from orchestrator.backends import open_backend
+from orchestrator.backends.agents import AgentRef
 from orchestrator.config import load_config
-from orchestrator.job_records import register_job
-from orchestrator.logstream import LineSink, LogTailer
-from orchestrator.plan import LaunchPlan, TaskPlan
-from orchestrator.store import Store
-from orchestrator.supervisor import Supervisor
+from orchestrator.logs.logstream import LineSink, LogTailer
+from orchestrator.planning.plan import LaunchPlan, TaskPlan
+from orchestrator.state.job_records import register_job
+from orchestrator.state.store import Store
+from orchestrator.supervision.attempt import Attempt, Watch, agents_by_host
+from orchestrator.supervision.supervisor import Supervisor
 
 
 def tick_times(config_path: Path, root: Path, ticks: int) -> dict[str, float]:

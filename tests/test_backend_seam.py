@@ -20,11 +20,11 @@ import pytest
 
 import tests.backends.loopback  # noqa: F401 (its import registers the backend, in this process)
 from orchestrator.config import load_config
-from orchestrator.job_records import register_job
-from orchestrator.logstream import LineSink
-from orchestrator.states import JobState, TaskState
-from orchestrator.store import Store
-from orchestrator.supervisor import Supervisor
+from orchestrator.logs.logstream import LineSink
+from orchestrator.state.job_records import register_job
+from orchestrator.state.states import JobState, TaskState
+from orchestrator.state.store import Store
+from orchestrator.supervision.supervisor import Supervisor
 from tests.backends.loopback import LoopbackHosts
 from tests.conftest import (
     FAKE,

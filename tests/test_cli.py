@@ -16,7 +16,7 @@ from worker.proctl import is_alive
 
 
 def test_importing_the_cli_and_running_status_never_imports_tensorflow(home: Path) -> None:
-    probe = "import sys, orchestrator.cli; print('tensorflow' in sys.modules)"
+    probe = "import sys, orchestrator.commands.cli; print('tensorflow' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
     trace = subprocess.run(
@@ -27,7 +27,7 @@ def test_importing_the_cli_and_running_status_never_imports_tensorflow(home: Pat
         cwd=REPO,
     )
     imported = {line.split("|")[-1].strip() for line in trace.stderr.splitlines()}
-    assert "orchestrator.cli" in imported
+    assert "orchestrator.commands.cli" in imported
     assert not {m for m in imported if m.startswith(("tensorflow", "keras", "paramiko"))}
 
 
@@ -253,7 +253,7 @@ def test_schema_validates_the_example_and_rejects_a_typo(cli: Callable[..., CliR
 def test_shell_completion_lists_the_commands(tmp_path: Path) -> None:
     env = {**os.environ, "_ORCHESTRATE_COMPLETE": "complete_bash", "COMP_WORDS": "orchestrate st",
            "COMP_CWORD": "1"}  # fmt: skip
-    out = subprocess.run([sys.executable, "-c", "from orchestrator.cli import app; app(prog_name='orchestrate')"],
+    out = subprocess.run([sys.executable, "-c", "from orchestrator.commands.cli import app; app(prog_name='orchestrate')"],
                          capture_output=True, text=True, env=env, cwd=REPO)  # fmt: skip
     assert {"status", "stop"} <= set(out.stdout.split()), out.stdout + out.stderr
 

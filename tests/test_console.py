@@ -18,12 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.console import LineFolder, PhaseClock, activity, fold_label
+from orchestrator.commands.console import LineFolder, PhaseClock, activity, fold_label
 from orchestrator.errors import UsageError
-from orchestrator.log_query import Grep, TimedLog, parse_since, parse_tasks, select, stamp
-from orchestrator.logstream import LineSink
-from orchestrator.states import TaskState
-from orchestrator.store import TaskRecord
+from orchestrator.logs.log_query import Grep, TimedLog, parse_since, parse_tasks, select, stamp
+from orchestrator.logs.logstream import LineSink
+from orchestrator.state.states import TaskState
+from orchestrator.state.store import TaskRecord
 from tests.conftest import (
     IN_CI,
     REPO,
@@ -365,7 +365,7 @@ def test_a_tailer_taken_over_from_the_copy_goes_on_where_the_copy_ends_after_a_c
     write cut short by a full disk), then a supervisor that dies: the tailer of whoever takes
     over starts from the durable copy, which must stay byte for byte the host's log, or the
     new tailer starts a few bytes into the next line and loses it."""
-    from orchestrator.logstream import LogTailer
+    from orchestrator.logs.logstream import LogTailer
     from orchestrator.transport.local import LocalTransport
 
     host_log, copies = tmp_path / "host.log", tmp_path / "copies"

@@ -18,9 +18,9 @@ import pytest
 from orchestrator.backends.local import LocalHosts
 from orchestrator.config import LocalBackend, parse_config
 from orchestrator.errors import ConfigError
-from orchestrator.gpus import Gpu, HostGpus, gpu_problems, host_gpus, summary, task_env
-from orchestrator.plan import build_plan, task_slots
-from orchestrator.specs import make_specs
+from orchestrator.planning.gpus import Gpu, HostGpus, gpu_problems, host_gpus, summary, task_env
+from orchestrator.planning.plan import build_plan, task_slots
+from orchestrator.planning.task_specs import make_specs
 from tests.conftest import CliResult, fake_job, status_json, wait_for
 from worker import gpu_probe
 

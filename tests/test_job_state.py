@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 
 from orchestrator.config import load_config
-from orchestrator.job_records import register_job
-from orchestrator.job_state import LEGAL, IllegalTransition, JobStateMachine, check_transition
-from orchestrator.logstream import LineSink
-from orchestrator.states import JobState
-from orchestrator.store import Store
-from orchestrator.supervisor import Supervisor
+from orchestrator.logs.logstream import LineSink
+from orchestrator.state.job_records import register_job
+from orchestrator.state.job_state import LEGAL, IllegalTransition, JobStateMachine, check_transition
+from orchestrator.state.states import JobState
+from orchestrator.state.store import Store
+from orchestrator.supervision.supervisor import Supervisor
 from tests.conftest import job_processes, wait_for
 
 FAKE = Path(__file__).parent / "fixtures" / "fake_trainer.py"

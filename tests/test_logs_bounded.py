@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from orchestrator.api import Job
-from orchestrator.paths import log_copies_dir
-from orchestrator.states import JobState, TaskState
-from orchestrator.store import JobRecord, Store, TaskRecord
+from orchestrator.state.paths import log_copies_dir
+from orchestrator.state.states import JobState, TaskState
+from orchestrator.state.store import JobRecord, Store, TaskRecord
 from tests.conftest import REPO
 
 LINE = b"x" * 999 + b"\n"  # 1000 bytes
@@ -274,7 +274,7 @@ def test_a_reader_that_stops_early_is_not_a_failure(home: Path) -> None:
 
 def test_a_damaged_attempts_file_is_named_in_one_line(tmp_path: Path) -> None:
     from orchestrator.errors import OrchestrateError
-    from orchestrator.log_query import attempt_span
+    from orchestrator.logs.log_query import attempt_span
 
     log = tmp_path / "worker-0.log"
     log.write_bytes(b"line\n")

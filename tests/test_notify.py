@@ -20,13 +20,13 @@ from typing import Any
 
 import pytest
 
-import orchestrator.notify as notify
+import orchestrator.supervision.notify as notify
 from orchestrator.config import load_config
 from orchestrator.config.model import NotifySection
 from orchestrator.errors import ConfigError
-from orchestrator.notify import Notifier
-from orchestrator.states import JobState
-from orchestrator.store import JobRecord, Store
+from orchestrator.state.states import JobState
+from orchestrator.state.store import JobRecord, Store
+from orchestrator.supervision.notify import Notifier
 from tests.conftest import CliResult, fake_job, status_json, wait_for
 from worker.proctl import group_members, is_alive
 
@@ -278,7 +278,7 @@ def test_any_exception_in_a_hook_is_a_failure_and_the_thread_lives_on(
         calls.append(url)
         if len(calls) == 1:
             raise RuntimeError("nobody foresaw this")
-        from orchestrator.notify_http import post as real
+        from orchestrator.supervision.notify_http import post as real
 
         return real(url, body, timeout)
 
@@ -320,7 +320,7 @@ def test_a_redirect_is_a_failure_and_never_followed(
 def test_a_post_sends_the_urls_credentials_and_goes_through_a_proxy(
     raw_server: Callable[..., RawServer], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from orchestrator.notify_http import post
+    from orchestrator.supervision.notify_http import post
 
     server = raw_server(_send(OK))
     url = server.url.replace("http://", "http://hook%20user:p%40ss@")
@@ -364,7 +364,7 @@ def test_a_hanging_command_is_ended_with_its_whole_process_group(
 def test_a_command_that_exits_leaves_nothing_running_and_its_stdin_need_not_be_read(
     tmp_path: Path, reap_pids: list[int]
 ) -> None:
-    from orchestrator.notify import run_command
+    from orchestrator.supervision.notify import run_command
 
     pids = tmp_path / "pids"
     left = f"sleep 100 & echo $! > {pids}; exit 0"
@@ -388,7 +388,7 @@ def test_a_command_writing_without_end_is_not_kept_in_memory(tmp_path: Path) -> 
     ]
     grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
     assert grown < 40_000, f"the supervisor's peak memory grew {grown} KiB"  # not 100 MB
-    from orchestrator.notify import run_command
+    from orchestrator.supervision.notify import run_command
 
     ran = run_command([sys.executable, "-c", write], b"{}", 120.0)
     assert ran.code == 3 and ran.stderr.endswith(b"e\nthe end\n")

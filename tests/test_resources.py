@@ -1,5 +1,5 @@
 """Resource sampling on the worker side (worker.resources, worker.tb_events) and the straggler
-rules (orchestrator.stragglers): real processes for the samples, the real protobuf schema for
+rules (orchestrator.supervision.stragglers): real processes for the samples, the real protobuf schema for
 TensorBoard's records, pure values for the rules."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.stragglers import Change, StragglerWatch, candidate, likely_reason
+from orchestrator.supervision.stragglers import Change, StragglerWatch, candidate, likely_reason
 from tests.test_gpu import stand_in_nvidia_smi
 from worker import resources, tb_events
 from worker.resources import tensorboard_scalars

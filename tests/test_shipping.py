@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import shipping
+from orchestrator.transport import worker_package
 from tests.conftest import (
     CliResult,
     as_nobody,
@@ -55,7 +55,7 @@ def test_pruning_keeps_the_newest_the_recent_and_those_in_use(tmp_path: Path) ->
 
 
 def _helper(cache: Path) -> subprocess.Popen[bytes]:
-    argv = shipping.helper_argv(sys.executable)
+    argv = worker_package.helper_argv(sys.executable)
     env = {**os.environ, "XDG_CACHE_HOME": str(cache)}
     return subprocess.Popen(
         argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
@@ -66,13 +66,13 @@ def _helper(cache: Path) -> subprocess.Popen[bytes]:
 def test_the_helper_stub_asks_for_the_package_once_then_serves_from_its_copy(
     tmp_path: Path,
 ) -> None:
-    copy = tmp_path / "orchestrate" / f"worker-{shipping.digest()}"
+    copy = tmp_path / "orchestrate" / f"worker-{worker_package.digest()}"
     for asks in (True, False):
         helper = _helper(tmp_path)
         assert helper.stdin is not None and helper.stdout is not None
         if asks:
             assert json.loads(helper.stdout.readline()) == {"need": 1}
-            payload = shipping.payload()
+            payload = worker_package.payload()
             helper.stdin.write(b"%d\n" % len(payload) + payload)
             helper.stdin.flush()
         ready = json.loads(helper.stdout.readline())
@@ -100,8 +100,8 @@ def test_the_helper_stub_given_a_broken_package_says_so_and_installs_nothing(
 
 
 def test_a_program_runs_from_a_copy_with_nothing_installed(tmp_path: Path) -> None:
-    copy = ship.install(str(tmp_path), shipping.digest(), shipping.payload())
-    argv = shipping.program_argv(sys.executable, copy, "proctl")
+    copy = ship.install(str(tmp_path), worker_package.digest(), worker_package.payload())
+    argv = worker_package.program_argv(sys.executable, copy, "proctl")
     # -I: no site-packages, no PYTHONPATH, no current directory: only the copy has `worker`.
     run = subprocess.run([argv[0], "-I", *argv[1:]], capture_output=True, text=True, cwd="/")
     assert run.returncode == 2 and "usage: python -m worker.proctl" in run.stderr
@@ -120,7 +120,7 @@ def test_caches_another_user_prepared_are_never_used_and_ours_are_closed_to_them
         assert made.wait(10) == 0, made.stdout.read() if made.stdout else ""
     monkeypatch.setenv("XDG_CACHE_HOME", str(planted))
     with pytest.raises(OSError) as refused:
-        ship.install_somewhere(shipping.digest(), shipping.payload())
+        ship.install_somewhere(worker_package.digest(), worker_package.payload())
     assert (
         str(refused.value).count("belongs to uid 65534")
         + str(refused.value).count("not ours alone")
@@ -132,7 +132,7 @@ def test_caches_another_user_prepared_are_never_used_and_ours_are_closed_to_them
     mine = shared_tmp / "mine"  # open to look into, as a home often is
     mine.mkdir(mode=0o755)
     monkeypatch.setenv("XDG_CACHE_HOME", str(mine))
-    copy = ship.install_somewhere(shipping.digest(), shipping.payload())
+    copy = ship.install_somewhere(worker_package.digest(), worker_package.payload())
     for attempt in (["ls", copy], ["touch", f"{copy}/worker/evil.py"]):
         tried = as_nobody(attempt, env)
         assert tried.wait(10) != 0, attempt
@@ -172,8 +172,8 @@ def test_the_helper_refuses_to_start_from_a_copy_edited_since_and_the_next_insta
 ) -> None:
     """A helper lives as long as its connection: a copy edited meanwhile (worker/spec.py, which
     every agent and trainer imports) is found at the next start, not run."""
-    copy = tmp_path / "orchestrate" / f"worker-{shipping.digest()}"
-    ship.install(str(copy.parent), shipping.digest(), shipping.payload())
+    copy = tmp_path / "orchestrate" / f"worker-{worker_package.digest()}"
+    ship.install(str(copy.parent), worker_package.digest(), worker_package.payload())
     helper = _helper(tmp_path)
     assert helper.stdin is not None and helper.stdout is not None
     assert json.loads(helper.stdout.readline()) == {"ready": 1, "root": str(copy)}
@@ -206,24 +206,26 @@ def test_a_shared_dir_another_user_may_write_is_refused_for_slurm_copies(
     shared.mkdir()
     shared.chmod(0o777)
     root = shared / ".orchestrate"
-    ship.install(str(root), shipping.digest(), shipping.payload())  # as a check would find it
-    swap = f"mv {root} {shared}/.mine && mkdir -p {root}/worker-{shipping.digest()}/worker"
+    ship.install(
+        str(root), worker_package.digest(), worker_package.payload()
+    )  # as a check would find it
+    swap = f"mv {root} {shared}/.mine && mkdir -p {root}/worker-{worker_package.digest()}/worker"
     swapped = as_nobody(["sh", "-c", swap], env)
     assert swapped.wait(10) == 0, swapped.stdout.read() if swapped.stdout else ""
     assert root.stat().st_uid == 65534  # theirs, where the step's argv points
     with pytest.raises(ship.UnsafeCache, match=f"chmod g-w,o-w {shared}"):
-        shipping.copy_under(str(root))
+        worker_package.copy_under(str(root))
     # A shared_dir of another user's (its owner may swap what is in it) is refused too.
     theirs = shared_tmp / "theirs"
     theirs.mkdir(mode=0o755)
     os.chown(theirs, 65534, 65534)
     with pytest.raises(ship.UnsafeCache, match="uid 65534"):
-        shipping.copy_under(str(theirs / ".orchestrate"))
+        worker_package.copy_under(str(theirs / ".orchestrate"))
     assert list(theirs.iterdir()) == []
     # Ours alone: the copy goes there and the other user cannot move it away.
     mine = shared_tmp / "mine"
     mine.mkdir(mode=0o755)
-    copy = shipping.copy_under(str(mine / ".orchestrate"))
+    copy = worker_package.copy_under(str(mine / ".orchestrate"))
     moved = as_nobody(["mv", str(mine / ".orchestrate"), str(mine / ".gone")], env)
     assert moved.wait(10) != 0
-    assert ship.intact(copy, shipping.digest())
+    assert ship.intact(copy, worker_package.digest())

@@ -19,13 +19,13 @@ from typing import Any
 
 import pytest
 
-from orchestrator.agents import start_agents
+from orchestrator.backends.agents import start_agents
+from orchestrator.backends.preflight import preflight
 from orchestrator.backends.ssh import SshHosts
 from orchestrator.config import SshBackend, load_config
 from orchestrator.errors import LaunchError, TransportError
-from orchestrator.plan import plan_on_hosts
-from orchestrator.preflight import preflight
-from orchestrator.specs import make_specs
+from orchestrator.planning.plan import plan_on_hosts
+from orchestrator.planning.task_specs import make_specs
 from orchestrator.transport.base import ProcessRef
 from orchestrator.transport.ssh import SshTransport
 from tests import test_transport_contract as contract

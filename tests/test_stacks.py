@@ -124,7 +124,7 @@ def test_a_process_of_another_job_is_neither_signalled_nor_spied_on(
 
 
 def test_a_dump_a_trainer_wrote_itself_is_cut_short_and_made_printable() -> None:
-    from orchestrator.hung_stacks import _plain
+    from orchestrator.supervision.hung_stacks import _plain
 
     hostile = (
         'Thread 0x1 (most recent call first):\n  File "/job/\x1b[2Jx.py", line 1 in ' + "f" * 5000
@@ -139,8 +139,8 @@ def test_the_stacks_event_is_never_the_text_a_trainer_planted(tmp_path: Path) ->
     words, nor does its own dump."""
     from types import SimpleNamespace
 
-    from orchestrator.hung_stacks import take_stacks
-    from orchestrator.observations import FailureKind, failure
+    from orchestrator.supervision.hung_stacks import take_stacks
+    from orchestrator.supervision.observations import FailureKind, failure
     from orchestrator.transport.local import LocalTransport
     from worker.spec import JobLayout
 

@@ -88,10 +88,10 @@ def test_each_agent_is_recorded_as_soon_as_its_start_returns(tmp_path: Path) -> 
     """Task 1's start hangs; task 0's pid is in the store before it returns."""
     from orchestrator.backends.local import LocalHosts
     from orchestrator.config import load_config
-    from orchestrator.job_records import register_job
-    from orchestrator.logstream import LineSink
-    from orchestrator.store import Store
-    from orchestrator.supervisor import Supervisor
+    from orchestrator.logs.logstream import LineSink
+    from orchestrator.state.job_records import register_job
+    from orchestrator.state.store import Store
+    from orchestrator.supervision.supervisor import Supervisor
 
     config_path = tmp_path / "cluster.toml"
     config_path.write_text(fake_job(tmp_path, ["--mode", "sleep"]))
@@ -231,9 +231,9 @@ def test_stop_never_signals_a_stranger_that_holds_a_recorded_pid(
 
 
 def test_a_reused_supervisor_pid_is_not_taken_for_the_supervisor() -> None:
-    from orchestrator.job_records import supervisor_alive
-    from orchestrator.states import JobState
-    from orchestrator.store import JobRecord
+    from orchestrator.state.job_records import supervisor_alive
+    from orchestrator.state.states import JobState
+    from orchestrator.state.store import JobRecord
 
     me = os.getpid()
     record = JobRecord(
@@ -431,7 +431,7 @@ def test_two_processes_creating_one_store_at_once_both_succeed(tmp_path: Path) -
         f"""
         import sys, time
         from pathlib import Path
-        from orchestrator.store import Store
+        from orchestrator.state.store import Store
         print("ready", flush=True)
         start = float(sys.stdin.readline())
         failures = 0

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator.errors import JobNotFoundError
-from orchestrator.states import JobState, TaskState
-from orchestrator.store import JobRecord, Store, TaskRecord
+from orchestrator.state.states import JobState, TaskState
+from orchestrator.state.store import JobRecord, Store, TaskRecord
 
 
 def _job(job_id: str, name: str = "n", created: float | None = None) -> JobRecord:
@@ -71,7 +71,7 @@ def test_another_process_reads_while_this_one_holds_a_connection(tmp_path: Path)
     store.create_job(_job("j-1"), _tasks("j-1", 2))
     store.update_tasks("j-1", {0: {"step": 42}})
     code = (
-        "import sys; from pathlib import Path; from orchestrator.store import Store; "
+        "import sys; from pathlib import Path; from orchestrator.state.store import Store; "
         f"print(Store(Path({str(db)!r})).tasks('j-1')[0].step)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -83,7 +83,7 @@ def test_a_store_of_the_previous_schema_is_upgraded_in_place(tmp_path: Path) -> 
     new store takes)."""
     import sqlite3
 
-    from orchestrator import store_schema
+    from orchestrator.state import store_schema
     from worker.spec import Phase, StepSignal
 
     db = tmp_path / "s.db"
@@ -114,7 +114,7 @@ def test_a_store_of_the_previous_schema_is_upgraded_in_place(tmp_path: Path) -> 
     assert store.get_job("old-1").hosts_json == "[]"
     store.update_job("old-1", backend_state="17")  # and schema 5's (renamed in 8)
     assert store.get_job("old-1").backend_state == "17"
-    from orchestrator.store import ResourceSample
+    from orchestrator.state.store import ResourceSample
     from worker.spec import Resources
 
     store.record_round(  # and schema 6's

@@ -16,19 +16,19 @@ from typing import Any
 
 import pytest
 
-from orchestrator.agents import AgentRef
-from orchestrator.attempt import Attempt
+from orchestrator.backends.agents import AgentRef
 from orchestrator.config import load_config
+from orchestrator.config.timing import Timing
 from orchestrator.errors import TransportError
-from orchestrator.host_poller import PollResult
-from orchestrator.job_records import register_job
-from orchestrator.logstream import LineSink
-from orchestrator.observations import FailureKind
-from orchestrator.plan import LaunchPlan, TaskPlan
-from orchestrator.states import TaskState
-from orchestrator.store import Store
-from orchestrator.supervisor import Supervisor
-from orchestrator.timing import Timing
+from orchestrator.logs.logstream import LineSink
+from orchestrator.planning.plan import LaunchPlan, TaskPlan
+from orchestrator.state.job_records import register_job
+from orchestrator.state.states import TaskState
+from orchestrator.state.store import Store
+from orchestrator.supervision.attempt import Attempt
+from orchestrator.supervision.host_poller import PollResult
+from orchestrator.supervision.observations import FailureKind
+from orchestrator.supervision.supervisor import Supervisor
 from orchestrator.transport.base import Observation, ProcessRef, Transport
 from orchestrator.transport.local import LocalTransport
 from worker import proctl
@@ -95,7 +95,7 @@ class MemoryBackend:
 
 
 def one_task_per_host(supervisor: Supervisor, pids: list[tuple[int, str]] | None = None) -> Attempt:
-    from orchestrator.logstream import LogTailer
+    from orchestrator.logs.logstream import LogTailer
 
     plan = LaunchPlan(
         "tick", tuple(TaskPlan(i, i, f"host-{i}", f"10.9.0.{i + 1}", 2222) for i in range(HOSTS))

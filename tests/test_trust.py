@@ -225,9 +225,9 @@ def test_the_contact_marks_never_follow_a_link_nor_use_a_directory_another_user_
 CLAIM = """
 import sys, time
 from pathlib import Path
-from orchestrator.states import JobState
-from orchestrator.job_state import JobStateMachine, SupervisionTaken
-from orchestrator.store import Store
+from orchestrator.state.states import JobState
+from orchestrator.state.job_state import JobStateMachine, SupervisionTaken
+from orchestrator.state.store import Store
 store = Store(Path(sys.argv[1]))
 machine = JobStateMachine(store, sys.argv[2])
 print("ready", flush=True)
@@ -247,8 +247,8 @@ def test_two_supervisors_claiming_one_job_at_once_leave_one(tmp_path: Path) -> N
     import time
 
     from orchestrator.config import load_config
-    from orchestrator.job_records import register_job
-    from orchestrator.store import Store
+    from orchestrator.state.job_records import register_job
+    from orchestrator.state.store import Store
     from tests.conftest import REPO
 
     config = tmp_path / "cluster.toml"
@@ -277,8 +277,8 @@ def test_attach_refuses_a_job_its_launch_is_still_starting(
     tmp_path: Path, cli: Callable[..., CliResult]
 ) -> None:
     from orchestrator.config import load_config
-    from orchestrator.job_records import register_job
-    from orchestrator.store import Store
+    from orchestrator.state.job_records import register_job
+    from orchestrator.state.store import Store
 
     config = tmp_path / "cluster.toml"
     config.write_text(fake_job(tmp_path, ["--mode", "ok"]))
@@ -353,7 +353,7 @@ def test_a_backtracking_grep_is_stopped_and_said(
     """Regression: `logs --grep '(a+)+$'` ran for 20 s on one 31-character line."""
     import time
 
-    from orchestrator import log_query
+    from orchestrator.logs import log_query
 
     monkeypatch.setattr(log_query, "GREP_BUDGET", 1.0)
     grep = log_query.Grep("(a+)+$")
@@ -483,7 +483,7 @@ def test_any_bytes_printed_are_escaped_on_a_terminal_and_kept_exactly_in_the_cop
     import io
     import random
 
-    from orchestrator.logstream import MAX_LINE, LineSink, LogTailer
+    from orchestrator.logs.logstream import MAX_LINE, LineSink, LogTailer
 
     class Terminal(io.StringIO):
         def isatty(self) -> bool:
@@ -531,7 +531,7 @@ def test_an_internal_error_while_supervising_leaves_no_task_row_running(
             """
             import sys
             if "launch" in sys.orig_argv:
-                from orchestrator.store import Store
+                from orchestrator.state.store import Store
                 real = Store.record_round
                 seen = []
                 def refusing(self, job_id, updates, *args, **kwargs):

@@ -3,8 +3,8 @@ says (each GPU, its memory and the compute processes on it, the driver and the C
 supports) and what the installed TensorFlow was built for (its `build_info.py`, read as text:
 TensorFlow is never imported). Standard library only.
 
-The coordinator judges the facts (orchestrator/gpus.py); only a missing or failing nvidia-smi
-is a problem found here.
+The coordinator judges the facts (orchestrator/planning/gpus.py); only a missing or failing
+nvidia-smi is a problem found here.
 """
 
 from __future__ import annotations

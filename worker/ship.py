@@ -12,12 +12,12 @@ one that no longer matches the digest in its name (an edit after install) is ren
 installed afresh. Old copies are pruned: never one a process of ours runs from, nor one of the
 newest KEEP, nor one used within a day (the programs running from a copy renew it hourly).
 
-On an SSH host this file's own source is the first thing to run (see orchestrator.shipping's
-helper_argv): it finds the copy, or says `{"need": 1}`, reads `SIZE\\n` and that many bytes of
-.tar.gz from stdin and installs them, then serves as the host helper from the copy. Standard
-library only, and it imports nothing of the package it ships (there may be none yet). What only
-packing and installing need (tarfile, zlib, shutil) is imported where it is used: every agent
-imports this.
+On an SSH host this file's own source is the first thing to run (see
+orchestrator.transport.worker_package's helper_argv): it finds the copy, or says `{"need": 1}`,
+reads `SIZE\\n` and that many bytes of .tar.gz from stdin and installs them, then serves as the
+host helper from the copy. Standard library only, and it imports nothing of the package it ships
+(there may be none yet). What only packing and installing need (tarfile, zlib, shutil) is imported
+where it is used: every agent imports this.
 """
 
 from __future__ import annotations

@@ -8,16 +8,16 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from orchestrator.agents import AgentRef, start_agents, stop_agent_groups
+from orchestrator.backends.agents import AgentRef, start_agents, stop_agent_groups
 from orchestrator.backends.base import Launched, LaunchHooks, LaunchRequest, Sweep
 from orchestrator.backends.capabilities import Capabilities
+from orchestrator.backends.preflight import HostReport, preflight
 from orchestrator.config import ClusterConfig
-from orchestrator.fanout import HostResults, each
-from orchestrator.gpus import summary
-from orchestrator.plan import LaunchPlan, plan_on_hosts
-from orchestrator.preflight import HostReport, preflight
-from orchestrator.store import JobRecord
+from orchestrator.planning.gpus import summary
+from orchestrator.planning.plan import LaunchPlan, plan_on_hosts
+from orchestrator.state.store import JobRecord
 from orchestrator.transport.base import Transport
+from orchestrator.transport.fanout import HostResults, each
 from worker.spec import JobLayout
 
 STANDBY_CALL_TIMEOUT = 30.0

@@ -8,14 +8,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from orchestrator.agents import AgentRef
+from orchestrator.backends.agents import AgentRef
 from orchestrator.backends.capabilities import Capabilities
+from orchestrator.backends.preflight import HostReport
 from orchestrator.config import ClusterConfig
-from orchestrator.fanout import HostResults
-from orchestrator.plan import LaunchPlan
-from orchestrator.preflight import HostReport
-from orchestrator.store import JobRecord
+from orchestrator.planning.plan import LaunchPlan
+from orchestrator.state.store import JobRecord
 from orchestrator.transport.base import Transport
+from orchestrator.transport.fanout import HostResults
 from worker.spec import JobLayout, WorkerSpec
 
 

@@ -8,9 +8,9 @@ from typing import Any
 
 from orchestrator.backends.agent_hosts import AgentHosts
 from orchestrator.backends.capabilities import LOCAL
+from orchestrator.backends.preflight import PROBE_TIMEOUT
 from orchestrator.config import ClusterConfig, LocalBackend
 from orchestrator.errors import OrchestrateError, TransportError
-from orchestrator.preflight import PROBE_TIMEOUT
 from orchestrator.transport.local import LocalTransport
 
 

@@ -20,10 +20,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from orchestrator import shipping
-from orchestrator.agents import AgentRef
+from orchestrator.backends.agents import AgentRef
 from orchestrator.backends.base import Launched, LaunchHooks, LaunchRequest, Sweep
 from orchestrator.backends.capabilities import SLURM
+from orchestrator.backends.preflight import step_problems
 from orchestrator.backends.slurm_allocation import (
     RELEASE_WAIT,
     Allocation,
@@ -44,12 +44,12 @@ from orchestrator.backends.slurm_commands import (
 from orchestrator.backends.slurm_step import Hello, Step
 from orchestrator.config import ClusterConfig, SlurmBackend, slurm_node_label
 from orchestrator.errors import LaunchError, OrchestrateError, PreflightError, TransportError
-from orchestrator.fanout import HostResults
-from orchestrator.plan import StepTask, step_plan
-from orchestrator.preflight import step_problems
-from orchestrator.specs import warm_restarts
-from orchestrator.store import JobRecord
+from orchestrator.planning.plan import StepTask, step_plan
+from orchestrator.planning.task_specs import warm_restarts
+from orchestrator.state.store import JobRecord
+from orchestrator.transport import worker_package
 from orchestrator.transport.base import Observation, ProcessRef, Watching
+from orchestrator.transport.fanout import HostResults
 from orchestrator.transport.local import LocalTransport, watch_here
 from worker.host_watch import file_stamp
 from worker.spec import ENV_JOB_ID, JobLayout
@@ -258,7 +258,7 @@ class SlurmHosts:
         was requested while waiting."""
         if self.allocation is None:
             try:  # before anything is submitted: a shared_dir others may write is refused
-                shipping.copy_under(worker_copies(config))
+                worker_package.copy_under(worker_copies(config))
             except (OSError, ValueError) as exc:
                 raise PreflightError(
                     f"cannot install the worker package in shared_dir: {exc}"
@@ -324,7 +324,7 @@ class SlurmHosts:
         if self.fresh_run and backend.setup:
             (step_dir / "setup.json").write_text(json.dumps(backend.setup))
         try:  # every step: a copy pruned meanwhile comes back
-            copy = shipping.copy_under(worker_copies(config))
+            copy = worker_package.copy_under(worker_copies(config))
         except (OSError, ValueError) as exc:
             raise LaunchError(f"cannot install the worker package in shared_dir: {exc}") from None
         argv = srun_argv(

@@ -9,8 +9,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from orchestrator import shipping
 from orchestrator.config import ClusterConfig, SlurmBackend
+from orchestrator.transport import worker_package
 from worker import ship
 
 # The batch script only holds the allocation: orchestrate starts every task as a step in it.
@@ -171,8 +171,8 @@ def worker_copies(config: ClusterConfig) -> str:
 def slurm_task_argv(config: ClusterConfig, copy: str | None = None) -> list[str]:
     """[python, COPY/worker, slurm_task]: each task of a step, run from the worker's copy."""
     assert isinstance(config.backend, SlurmBackend)
-    copy = copy or f"{worker_copies(config)}/{ship.PREFIX}{shipping.digest()}"
-    return shipping.program_argv(config.backend.python, copy, "slurm_task")
+    copy = copy or f"{worker_copies(config)}/{ship.PREFIX}{worker_package.digest()}"
+    return worker_package.program_argv(config.backend.python, copy, "slurm_task")
 
 
 def srun_argv(

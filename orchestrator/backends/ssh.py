@@ -8,7 +8,7 @@ from orchestrator.backends.agent_hosts import AgentHosts
 from orchestrator.backends.capabilities import SSH
 from orchestrator.config import ClusterConfig, SshBackend
 from orchestrator.errors import LaunchError
-from orchestrator.fanout import each
+from orchestrator.transport.fanout import each
 from orchestrator.transport.ssh import SshTransport
 
 

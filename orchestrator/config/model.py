@@ -20,6 +20,7 @@ from orchestrator.config.values import (
     ModuleName,
     UserName,
     _check_path,
+    check_url,
     show,
 )
 
@@ -335,12 +336,6 @@ NotifyEvent = Literal[
 NOTIFY_EVENTS: tuple[NotifyEvent, ...] = get_args(NotifyEvent)
 
 
-def _check_webhook(url: str) -> str:
-    from orchestrator.notify_http import check_url  # here: its imports only for a webhook
-
-    return check_url(url)
-
-
 class NotifySection(ConfigModel):
     """Hooks run on the coordinator when the job meets one of `events`: `command` gets the event
     and the job's status as one JSON document on stdin, `webhook` the same as an HTTP POST
@@ -348,7 +343,7 @@ class NotifySection(ConfigModel):
 
     events: list[NotifyEvent] = list(NOTIFY_EVENTS)
     command: Argv | None = None  # a program path holding a "/": from cluster.toml's directory
-    webhook: Annotated[str, AfterValidator(_check_webhook)] | None = None
+    webhook: Annotated[str, AfterValidator(check_url)] | None = None
     timeout: Annotated[Seconds, Field(gt=0)] = 10.0  # per try of a command or a POST
 
 

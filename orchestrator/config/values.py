@@ -195,3 +195,26 @@ def _check_argv(argv: list[str]) -> list[str]:
     if not argv or not argv[0]:
         raise ValueError(f"an argv list whose first item is the program (got {show(argv)})")
     return argv
+
+
+def check_url(url: str) -> str:
+    """[notify] webhook's check: the URL as urlsplit, urllib and http.client read it, so that
+    a POST can be tried at all (ValueError, one line, if not)."""
+    if len(url) > 2048:
+        raise ValueError("must be at most 2048 characters")
+    if any(not c.isprintable() or c.isspace() for c in url):
+        raise ValueError("must not hold spaces or control characters")
+    if not url.isascii():  # http.client sends the request line as ASCII
+        raise ValueError("must be ASCII (percent-encode other characters)")
+    import urllib.parse
+    import urllib.request  # here: its imports only for a webhook
+
+    try:
+        parts = urllib.parse.urlsplit(url)
+        _ = parts.port  # a port that is no number, or out of range, raises
+        urllib.request.Request(url)
+    except ValueError as exc:
+        raise ValueError(f"not a valid URL: {oneline(exc)}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError("must be an http:// or https:// URL naming a host")
+    return url

@@ -12,9 +12,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from orchestrator import shipping
 from orchestrator.errors import TransportError
-from orchestrator.paths import user_umask
+from orchestrator.state.paths import user_umask
+from orchestrator.transport import worker_package
 from orchestrator.transport.base import CommandResult, Observation, ProcessRef, Watching
 from worker import host_watch, hostd, proctl
 from worker.atomic import makedirs_private, write_bytes_atomic
@@ -41,11 +41,11 @@ class LocalTransport:
         return json.loads(result.stdout)
 
     def worker_argv(self, program: str, *args: str) -> list[str]:
-        return shipping.program_argv(self.python, self._copy(), program, *args)
+        return worker_package.program_argv(self.python, self._copy(), program, *args)
 
     def _copy(self) -> str:
         try:
-            return shipping.local_copy()
+            return worker_package.local_copy()
         except (OSError, ValueError) as exc:
             raise TransportError(
                 f"{self.host_label}: cannot install the worker package: {exc}"

@@ -21,15 +21,15 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
-from orchestrator.agents import AgentRef, start_agents, stop_agent_groups
 from orchestrator.backends import BackendPlugin, register_backend
+from orchestrator.backends.agents import AgentRef, start_agents, stop_agent_groups
 from orchestrator.backends.base import Launched, LaunchHooks, LaunchRequest, Sweep
 from orchestrator.backends.capabilities import Capabilities
+from orchestrator.backends.preflight import preflight
 from orchestrator.config import BackendSection, HostPlace
-from orchestrator.fanout import HostResults, each
-from orchestrator.plan import plan_on_hosts
-from orchestrator.preflight import preflight
-from orchestrator.store import JobRecord
+from orchestrator.planning.plan import plan_on_hosts
+from orchestrator.state.store import JobRecord
+from orchestrator.transport.fanout import HostResults, each
 from orchestrator.transport.local import LocalTransport
 from worker.spec import JobLayout
 

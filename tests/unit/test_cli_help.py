@@ -14,7 +14,7 @@ import pytest
 from typer.models import ArgumentInfo
 from typer.testing import CliRunner
 
-from orchestrator.cli import app
+from orchestrator.commands.cli import app
 
 
 def _argument_helps() -> list[tuple[str, str, str]]:

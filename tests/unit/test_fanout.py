@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from orchestrator.errors import PreflightError, TransportError
-from orchestrator.fanout import Fanout, HostResults, each
+from orchestrator.transport.fanout import Fanout, HostResults, each
 
 
 def test_each_maps_every_key_to_its_value_or_its_error_in_order() -> None:

@@ -8,17 +8,17 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.agents import AgentRef
-from orchestrator.attempt import Attempt, Watch
+from orchestrator.backends.agents import AgentRef
 from orchestrator.config import ClusterConfig, parse_config
-from orchestrator.host_loss import PROBE_BACKOFF, Hosts, HostWaitExpired
-from orchestrator.host_pool import HostRole
-from orchestrator.job_records import register_job
-from orchestrator.job_state import JobStateMachine
-from orchestrator.logstream import LineSink
-from orchestrator.observations import FailureKind
-from orchestrator.plan import LaunchPlan, TaskPlan
-from orchestrator.store import Store
+from orchestrator.logs.logstream import LineSink
+from orchestrator.planning.plan import LaunchPlan, TaskPlan
+from orchestrator.state.host_pool import HostRole
+from orchestrator.state.job_records import register_job
+from orchestrator.state.job_state import JobStateMachine
+from orchestrator.state.store import Store
+from orchestrator.supervision.attempt import Attempt, Watch
+from orchestrator.supervision.host_loss import PROBE_BACKOFF, Hosts, HostWaitExpired
+from orchestrator.supervision.observations import FailureKind
 
 
 def config(tmp_path: Path, spare: bool = False, restart: dict | None = None) -> ClusterConfig:

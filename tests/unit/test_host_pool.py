@@ -12,8 +12,8 @@ import pytest
 
 from orchestrator.config import parse_config
 from orchestrator.errors import ConfigError
-from orchestrator.host_pool import HostPool, HostRole, describe_hosts
-from orchestrator.plan import dry_run_plan
+from orchestrator.planning.plan import dry_run_plan
+from orchestrator.state.host_pool import HostPool, HostRole, describe_hosts
 from worker import contact
 
 

@@ -7,15 +7,15 @@ import io
 import json
 from pathlib import Path
 
-from orchestrator.agents import AgentRef
-from orchestrator.attempt import Attempt, Watch
+from orchestrator.backends.agents import AgentRef
 from orchestrator.errors import TransportError
-from orchestrator.host_poller import PollResult
-from orchestrator.ingest import Ingest
-from orchestrator.logstream import LineSink, LogTailer
-from orchestrator.plan import LaunchPlan, TaskPlan
-from orchestrator.states import JobState, TaskState
-from orchestrator.store import JobRecord, Store, TaskRecord
+from orchestrator.logs.logstream import LineSink, LogTailer
+from orchestrator.planning.plan import LaunchPlan, TaskPlan
+from orchestrator.state.states import JobState, TaskState
+from orchestrator.state.store import JobRecord, Store, TaskRecord
+from orchestrator.supervision.attempt import Attempt, Watch
+from orchestrator.supervision.host_poller import PollResult
+from orchestrator.supervision.ingest import Ingest
 from orchestrator.transport.base import Observation
 from worker.spec import AgentState, Progress, TaskStatus
 

@@ -1,9 +1,9 @@
 from __future__ import annotations
 
-from orchestrator.monitor import decide, task_state_of
-from orchestrator.observations import FailureKind, TaskObservation, Verdict, failure
-from orchestrator.restart_policy import plan_restart
-from orchestrator.states import JobState, TaskState
+from orchestrator.state.states import JobState, TaskState
+from orchestrator.supervision.monitor import decide, task_state_of
+from orchestrator.supervision.observations import FailureKind, TaskObservation, Verdict, failure
+from orchestrator.supervision.restart_policy import plan_restart
 from worker.spec import AgentState, TaskStatus
 
 KW = {"elapsed": 5.0, "startup_deadline": 60.0, "heartbeat_timeout": 10.0}

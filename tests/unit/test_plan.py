@@ -5,7 +5,7 @@ import json
 import pytest
 
 from orchestrator.config import parse_config
-from orchestrator.plan import build_plan, dry_run_plan, fixed_ports, task_slots
+from orchestrator.planning.plan import build_plan, dry_run_plan, fixed_ports, task_slots
 
 
 def _config(backend: dict, ports: dict | None = None):

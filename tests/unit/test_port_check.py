@@ -1,4 +1,4 @@
-"""`orchestrate check`: the pure pairs/grid/summary logic (orchestrator.port_check), the host
+"""`orchestrate check`: the pure pairs/grid/summary logic (orchestrator.planning.port_check), the host
 side's listen/connect/route on loopback (worker.netcheck), and the command on the local backend.
 The SSH test bed case (a port blocked between two hosts) is tests/test_check_ssh.py."""
 
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import port_check as pc
-from orchestrator.plan import LaunchPlan, TaskPlan
+from orchestrator.planning import port_check as pc
+from orchestrator.planning.plan import LaunchPlan, TaskPlan
 from tests.conftest import CliResult, fake_job, status_json
 from worker import hostd, netcheck
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import shipping
+from orchestrator.transport import worker_package
 from worker import ship
 
 FILES = [("worker/__init__.py", b"X = 1\n"), ("worker/sub/mod.py", b"Y = 2\n")]
@@ -28,11 +28,11 @@ def test_the_payload_is_the_same_bytes_every_time_and_unpacks_to_its_files() -> 
 
 
 def test_this_package_is_every_py_file_of_worker_and_no_cache() -> None:
-    names = [name for name, _ in shipping._files()]
+    names = [name for name, _ in worker_package._files()]
     assert "worker/agent.py" in names and "worker/__main__.py" in names
     assert "worker/examples/digits.py" in names
     assert not [n for n in names if "__pycache__" in n or not n.endswith(".py")]
-    assert ship.unpack(shipping.payload()) == list(shipping._files())
+    assert ship.unpack(worker_package.payload()) == list(worker_package._files())
 
 
 @pytest.mark.parametrize(
@@ -275,8 +275,11 @@ def test_this_packages_copy_with_an_edited_spec_runs_nowhere(
     monkeypatch.setattr(ship, "cache_roots", lambda: [str(tmp_path / "cache" / "orchestrate")])
     shared = tmp_path / "shared"
     shared.mkdir(mode=0o700)
-    shipped = dict(shipping._files())["worker/spec.py"]
-    for use in (shipping.local_copy, lambda: shipping.copy_under(str(shared / ".orchestrate"))):
+    shipped = dict(worker_package._files())["worker/spec.py"]
+    for use in (
+        worker_package.local_copy,
+        lambda: worker_package.copy_under(str(shared / ".orchestrate")),
+    ):
         copy = Path(use())
         (copy / "worker" / "spec.py").write_bytes(shipped + b"\nraise SystemExit('edited')\n")
         assert use() == str(copy)
@@ -292,14 +295,14 @@ def test_copy_under_refuses_a_shared_dir_others_may_write(tmp_path: Path, mode: 
     shared.mkdir()
     shared.chmod(mode)
     with pytest.raises(ship.UnsafeCache) as refused:
-        shipping.copy_under(str(shared / ".orchestrate"))
+        worker_package.copy_under(str(shared / ".orchestrate"))
     message = str(refused.value)
     assert "\n" not in message and f"chmod g-w,o-w {shared}" in message
     assert message.startswith(f"{shared} is not ours alone"), message
     assert list(shared.iterdir()) == []
     shared.chmod(0o755)  # closed to others' writes: the copy goes there
-    copy = shipping.copy_under(str(shared / ".orchestrate"))
-    assert copy == str(shared / ".orchestrate" / f"worker-{shipping.digest()}")
+    copy = worker_package.copy_under(str(shared / ".orchestrate"))
+    assert copy == str(shared / ".orchestrate" / f"worker-{worker_package.digest()}")
 
 
 def test_copy_under_refuses_a_shared_dir_that_is_a_link_others_may_repoint(
@@ -310,5 +313,5 @@ def test_copy_under_refuses_a_shared_dir_that_is_a_link_others_may_repoint(
     (tmp_path / "target").mkdir(mode=0o700)
     (tmp_path / "open" / "shared").symlink_to(tmp_path / "target")
     with pytest.raises(ship.UnsafeCache, match="is a link in a directory others may write"):
-        shipping.copy_under(str(tmp_path / "open" / "shared" / ".orchestrate"))
+        worker_package.copy_under(str(tmp_path / "open" / "shared" / ".orchestrate"))
     assert list((tmp_path / "target").iterdir()) == []

@@ -10,6 +10,7 @@ from threading import Event
 
 import pytest
 
+from orchestrator.backends.preflight import step_problems
 from orchestrator.backends.slurm import Hello, SlurmHosts
 from orchestrator.backends.slurm_allocation import AllocationEnded
 from orchestrator.backends.slurm_commands import (
@@ -26,8 +27,7 @@ from orchestrator.backends.slurm_commands import (
 )
 from orchestrator.config import ClusterConfig, SlurmBackend, load_config
 from orchestrator.errors import ConfigError
-from orchestrator.plan import StepTask, initial_hosts, step_plan, task_slots
-from orchestrator.preflight import step_problems
+from orchestrator.planning.plan import StepTask, initial_hosts, step_plan, task_slots
 from worker.spec import HOST_PROTOCOL, JobLayout
 
 

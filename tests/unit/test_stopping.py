@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from orchestrator.states import TaskState
-from orchestrator.stop_outcome import running, tasks_after_stop, unconfirmed_cause
-from orchestrator.store import TaskRecord
+from orchestrator.state.states import TaskState
+from orchestrator.state.store import TaskRecord
+from orchestrator.supervision.stop_outcome import running, tasks_after_stop, unconfirmed_cause
 
 PREEMPTED = 143
 

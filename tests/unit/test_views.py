@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from orchestrator.states import JobState, TaskState
-from orchestrator.store import JobRecord, Store, TaskRecord
-from orchestrator.views import job_view, status_text
+from orchestrator.commands.views import status_text
+from orchestrator.state.states import JobState, TaskState
+from orchestrator.state.store import JobRecord, Store, TaskRecord
+from orchestrator.supervision.job_document import job_view
 from worker.spec import Phase, Resources
 
 

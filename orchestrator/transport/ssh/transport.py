@@ -25,9 +25,9 @@ from typing import Any, TypeVar
 import paramiko
 from fabric import Connection
 
-from orchestrator import shipping
 from orchestrator.config import SshBackend, SshHost
 from orchestrator.errors import TransportError
+from orchestrator.transport import worker_package
 from orchestrator.transport.base import CommandResult, Observation, ProcessRef, Watching
 from orchestrator.transport.ssh.connect import (
     NETWORK_ERRORS,
@@ -274,10 +274,10 @@ class SshTransport:
                 # host, sent on this channel first if the host lacks it (worker.ship).
                 self._helper = HelperClient.start(
                     self._connect(),
-                    self.command_line(shipping.helper_argv(self.python)),
+                    self.command_line(worker_package.helper_argv(self.python)),
                     self.host_label,
                     self.backend.connect_timeout,
-                    shipping.payload,
+                    worker_package.payload,
                 )
             return self._helper
 
@@ -293,7 +293,7 @@ class SshTransport:
 
     def worker_argv(self, program: str, *args: str) -> list[str]:
         copy = self._retrying("starting the worker helper", lambda: self._get_helper().root)
-        return shipping.program_argv(self.python, copy, program, *args)
+        return worker_package.program_argv(self.python, copy, program, *args)
 
     def worker_call(self, op: str, args: dict[str, Any], timeout: float | None = None) -> Any:
         limit = timeout or self.backend.command_timeout

@@ -1,0 +1,278 @@
+"""The `orchestrate` command line. Thin: parse, call the core, render, map errors to exit codes.
+
+Heavy modules (pydantic models, the supervisor, SSH) are imported inside the commands that need
+them, so `orchestrate status` starts fast. TensorFlow is never imported here.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from orchestrator.commands.cli_app import (
+    ConfigArg,
+    DetachOpt,
+    JobArg,
+    JsonOpt,
+    PlainOpt,
+    VerboseOpt,
+    app,
+    echo,
+    error_lines,
+    errors_as_json,
+)
+from orchestrator.commands.console import console_sink, detach_progress
+from orchestrator.errors import OrchestrateError, UsageError, exit_code_for
+from orchestrator.state.job_records import launch_config
+from orchestrator.state.job_state import failing_job_on_error
+from orchestrator.state.paths import (
+    log_copies_dir,
+    make_files_private,
+)
+from orchestrator.state.states import JobState
+from orchestrator.state.store import JobRecord, Store
+
+if TYPE_CHECKING:
+    from orchestrator.config import ClusterConfig
+
+
+def _print_version(wanted: bool) -> None:
+    if wanted:
+        from importlib.metadata import version
+
+        echo(f"orchestrate {version('orchestrate')}")
+        raise typer.Exit()
+
+
+VersionOpt = Annotated[
+    bool, typer.Option("--version", help="Print the version and exit.", callback=_print_version)
+]
+
+
+@app.callback()
+def _everywhere(version: VersionOpt = False) -> None:
+    """Train one TensorFlow model on many hosts with MultiWorkerMirroredStrategy."""
+
+
+@app.command()
+def validate(config: ConfigArg, as_json: JsonOpt = False) -> None:
+    """Check a cluster.toml without starting anything; every problem, one line each."""
+    from orchestrator import api
+    from orchestrator.commands.json_views import dumps
+
+    with errors_as_json(as_json):
+        found = api.validate(config)
+    if as_json:
+        echo(dumps(found))
+        return
+    echo(f"{config}: ok: job {found['job']!r}, {found['backend']} backend, {found['summary']}")
+
+
+@app.command()
+def check(config: ConfigArg, as_json: JsonOpt = False) -> None:
+    """Preflight every host and try every task port from every host; starts nothing. Prints a
+    host-by-host grid, the failing pairs and each host's interface; exit 3 if a pair fails."""
+    from orchestrator.commands.cluster_check import run_check
+    from orchestrator.commands.json_views import dumps, port_check
+    from orchestrator.config import load_config
+    from orchestrator.errors import PreflightError
+    from orchestrator.planning.port_check import render, summary
+
+    with errors_as_json(as_json):
+        result = run_check(load_config(config))
+    echo(dumps(port_check(result)) if as_json else render(result))
+    if not result.ok:
+        sys.stdout.flush()  # the grid before the one-line summary on stderr
+        raise PreflightError(summary(result))
+
+
+@app.command()
+def launch(
+    config: ConfigArg,
+    detach: DetachOpt = False,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Print the plan and each TF_CONFIG; start nothing.")
+    ] = False,
+    verbose: VerboseOpt = False,
+    plain: PlainOpt = False,
+    force: Annotated[
+        bool, typer.Option("--force", help="Use GPUs that other programs' processes hold.")
+    ] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="With --dry-run or --detach: the result as JSON.")
+    ] = False,
+) -> None:
+    """Validate, preflight every host, start one agent per task, and supervise the job."""
+    from orchestrator.commands.json_views import dry_run_plan_doc, dumps, job_state
+    from orchestrator.config import load_config
+
+    if as_json and not (dry_run or detach):
+        raise UsageError("--json goes with --dry-run or --detach (status --json follows a job)")
+    if dry_run:
+        from orchestrator.commands.views import render_dry_run
+
+        with errors_as_json(as_json):
+            cfg = load_config(config)
+        if as_json:
+            echo(dumps(dry_run_plan_doc(cfg)))
+        else:
+            render_dry_run(cfg)
+        return
+    from orchestrator import api
+
+    if detach:
+        with errors_as_json(as_json), detach_progress(Store(), plain or as_json) as panel:
+            job, pid = api.launch_detached(config, force, panel.update if panel else _ignore)
+        state = job.state
+        if as_json:
+            echo(dumps(job_state(job.id, state, supervisor_pid=pid)))
+            return
+        echo(f"job {job.id} {state} (supervisor pid {pid})")
+        echo(f"  orchestrate status {job.id}   orchestrate logs {job.id} --follow")
+        return
+    store, record, cfg = api.register(config, force)
+    _supervise(store, record, lambda: cfg, verbose, plain=plain)
+
+
+def _ignore(job: JobRecord) -> None:
+    """No panel to tell of the job's progress (--plain, --json, or not a terminal)."""
+
+
+def _supervise(
+    store: Store,
+    job: JobRecord,
+    config: Callable[[], ClusterConfig],
+    verbose: bool,
+    adopt: bool = False,
+    plain: bool = True,
+) -> None:
+    """Run (or adopt) a job's supervision in this process to the end; exit 1 unless it
+    succeeded. Whatever fails before supervision starts ends the job FAILED with its cause."""
+    from orchestrator.supervision.supervisor import Supervisor
+
+    with failing_job_on_error(store, job.id):
+        cfg = config()
+        sink = console_sink(log_copies_dir(job.id), store.path, job.id, verbose, plain)
+        try:
+            supervisor = Supervisor(store, job, cfg, sink)
+        except BaseException:
+            sink.close()  # the live panel too: the terminal is handed back as it was
+            raise
+    supervisor.install_signal_handlers()
+    state = supervisor.adopt() if adopt else supervisor.run()
+    if state == JobState.STOPPED and supervisor.stopped_by is not None:
+        raise typer.Exit(128 + supervisor.stopped_by)  # as a shell reports it: 130 for Ctrl-C
+    if state != JobState.SUCCEEDED:
+        raise typer.Exit(1)
+
+
+@app.command()
+def resume(
+    job_ref: JobArg,
+    detach: DetachOpt = False,
+    verbose: VerboseOpt = False,
+    plain: PlainOpt = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="With --detach: the result as JSON.")
+    ] = False,
+) -> None:
+    """Continue a failed or stopped job: same id, next attempt, same checkpoints, a fresh
+    restart budget."""
+    from orchestrator import api
+    from orchestrator.commands.json_views import dumps, job_state
+
+    if as_json and not detach:
+        raise UsageError("--json goes with --detach (status --json follows a job)")
+    if not detach:
+        store, job, cfg = api.reopen(job_ref)  # refuses a cluster.toml changed since the launch
+        _supervise(store, job, lambda: cfg, verbose, plain=plain)
+        return
+    with errors_as_json(as_json), detach_progress(Store(), plain or as_json) as panel:
+        job, pid = api.resume(job_ref, panel.update if panel else _ignore)
+    state = job.state.value
+    echo(dumps(job_state(job.id, state, attempt=job.attempt, supervisor_pid=pid))
+         if as_json else f"job {job.id} {state} (supervisor pid {pid})")  # fmt: skip
+
+
+@app.command(hidden=True)
+def supervise(job_ref: JobArg) -> None:
+    """Supervise a registered job (the background half of `launch --detach`)."""
+    store = Store()
+    job = store.get_job(job_ref)
+    _supervise(store, job, lambda: launch_config(job), verbose=False)
+
+
+@app.command()
+def attach(
+    job_ref: JobArg,
+    verbose: VerboseOpt = False,
+    plain: PlainOpt = False,
+) -> None:
+    """Adopt a running job whose supervisor is gone, and supervise it to the end."""
+    from orchestrator.commands.stopping import finish_stop
+    from orchestrator.state.takeover import AttachPlan, attach_plan
+
+    store = Store()
+    job = store.get_job(job_ref)
+    if attach_plan(store, job) == AttachPlan.FINISH_STOP:
+        echo(f"job {job.id} {finish_stop(store, job).value}")
+        return
+    cfg = launch_config(job)
+    _supervise(store, job, lambda: cfg, verbose, adopt=True, plain=plain)
+
+
+@app.command()
+def stop(job_ref: JobArg, as_json: JsonOpt = False) -> None:
+    """Stop a job: every task on every host (SIGTERM, grace, SIGKILL)."""
+    from orchestrator import api
+    from orchestrator.commands.json_views import dumps, job_state
+
+    with errors_as_json(as_json):
+        job_id = Store().get_job(job_ref).id
+        state, already = api.stop(job_id)
+    if as_json:
+        echo(dumps(job_state(job_id, state, already=already)))
+        return
+    echo(f"job {job_id} already {state}" if already else f"job {job_id} {state}")
+
+
+# The commands that look at jobs register after these (the order `--help` lists them in).
+import orchestrator.commands.cli_inspect  # noqa: E402, F401
+
+
+def main() -> None:
+    """Entry point: one-line errors, exit codes from errors.exit_code_for, never a traceback."""
+    make_files_private()
+    try:
+        # standalone_mode=False: click returns typer.Exit's code instead of exiting itself.
+        code = app(standalone_mode=False)
+    except OrchestrateError as exc:
+        sys.stderr.write(error_lines(exc))
+        sys.exit(exit_code_for(exc))
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except typer.Abort:
+        sys.stderr.write("aborted\n")
+        sys.exit(130)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except Exception as exc:  # click's usage errors and anything unforeseen: still one line
+        import click
+
+        if isinstance(exc, click.ClickException):
+            exc.show()
+            sys.exit(exc.exit_code)
+        if isinstance(exc, sqlite3.DatabaseError):  # the store damaged after it was opened
+            from orchestrator.state.paths import state_db
+            from orchestrator.state.store_schema import unreadable_store
+
+            problem = unreadable_store(state_db(), exc)
+            sys.stderr.write(error_lines(problem))
+            sys.exit(exit_code_for(problem))
+        sys.stderr.write(f"error: {type(exc).__name__}: {exc}\n")
+        sys.exit(1)
+    sys.exit(code if isinstance(code, int) else 0)

@@ -1,0 +1,196 @@
+"""The commands that look at jobs: status, logs, report, tensorboard, schema, collect,
+standbys.
+
+Fast to start: what they need beyond the store is imported inside each command."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from orchestrator.commands.cli_app import ConfigArg, JobArg, JsonOpt, app, echo, errors_as_json
+from orchestrator.commands.console import watch_text
+from orchestrator.commands.views import render_report, status_text
+from orchestrator.state.job_records import stored_config
+from orchestrator.state.paths import job_home, report_json
+from orchestrator.state.store import Store
+
+
+@app.command()
+def status(
+    job_ref: Annotated[str | None, typer.Argument(help="A job; default: recent jobs.")] = None,
+    as_json: JsonOpt = False,
+    limit: Annotated[int, typer.Option(help="How many recent jobs to show.")] = 10,
+    watch: Annotated[
+        bool,
+        typer.Option("--watch", "-w", help="Refresh in place (until the job ends, or Ctrl-C)."),
+    ] = False,
+    interval: Annotated[float, typer.Option(help="Seconds between refreshes.")] = 1.0,
+) -> None:
+    """Jobs, each task's state, progress, heartbeat and restarts; from any terminal."""
+    store = Store()
+
+    def snapshot() -> tuple[str, bool]:
+        jobs = [store.get_job(job_ref)] if job_ref is not None else store.list_jobs(limit)
+        text = status_text(store, jobs, as_json, job_ref is not None)
+        return text, job_ref is not None and jobs[0].state.is_terminal()
+
+    if not watch:
+        sys.stdout.write(snapshot()[0])
+        return
+    watch_text(snapshot, sys.stdout, interval)
+
+
+@app.command()
+def logs(
+    job_ref: JobArg,
+    task: Annotated[
+        str | None, typer.Option("--task", "-t", help="Only these tasks: 1, 0,2 or 1-3.")
+    ] = None,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing.")] = False,
+    timestamps: Annotated[
+        bool, typer.Option("--timestamps", help="Prefix each line with when it arrived (UTC).")
+    ] = False,
+    since: Annotated[
+        str | None, typer.Option(help="Only lines since an age (90s, 5m, 2h) or a time (11:40).")
+    ] = None,
+    grep: Annotated[
+        str | None, typer.Option("--grep", help="Only lines matching this regular expression.")
+    ] = None,
+    tail: Annotated[
+        int | None, typer.Option("--tail", "-n", help="Only the last N lines (then --follow).")
+    ] = None,
+    attempt: Annotated[
+        int | None, typer.Option("--attempt", help="Only the lines of attempt K (0: the first).")
+    ] = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="One JSON object per line: time, task, host, text.")
+    ] = False,
+) -> None:
+    """Print a job's task logs (the coordinator's durable copies), prefixed by task, in the
+    order they arrived."""
+    from orchestrator.logs.log_query import LogQuery, follow_logs
+
+    store = Store()
+    query = LogQuery(task, follow, timestamps, since, grep, tail, attempt, as_json)
+    follow_logs(store, store.get_job(job_ref), query)
+
+
+@app.command()
+def report(
+    job_ref: JobArg,
+    as_json: JsonOpt = False,
+) -> None:
+    """A job's run report: wall time, restarts and causes, per-task steps/s, final metrics, and a
+    chart of loss and throughput per task (PNG)."""
+    from orchestrator.commands.report import write_report
+
+    store = Store()
+    job = store.get_job(job_ref)
+    write_report(store, job, job_home(job.id))
+    data = json.loads(report_json(job.id).read_text())
+    if as_json:
+        echo(json.dumps(data, indent=2))
+        return
+    render_report(data)
+
+
+@app.command()
+def tensorboard(
+    job_ref: JobArg,
+    port: Annotated[int, typer.Option(help="Port to serve on (0: a free one).")] = 0,
+    host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
+) -> None:
+    """Serve TensorBoard on a job's log directory (every task logs to its own run)."""
+    from orchestrator.commands.tensorboard_serve import (
+        become_tensorboard,
+        free_port,
+        logdir_of,
+        require_tensorboard,
+    )
+
+    job = Store().get_job(job_ref)
+    require_tensorboard()
+    logdir = logdir_of(job)
+    port = port or free_port(host)
+    echo(f"TensorBoard for job {job.id}: http://{host}:{port}/  (logdir {logdir}; Ctrl-C stops)")
+    become_tensorboard(logdir, host, port)
+
+
+@app.command()
+def schema() -> None:
+    """Print the JSON Schema of cluster.toml (for editors: e.g. taplo, Even Better TOML)."""
+    from orchestrator.config import ClusterConfig
+
+    document = ClusterConfig.model_json_schema()
+    document["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    document["title"] = "orchestrate cluster.toml"
+    echo(json.dumps(document, indent=2))
+
+
+@app.command()
+def collect(
+    job_ref: JobArg,
+    dest: Annotated[
+        Path | None, typer.Option("--dest", help="Where to put them (default: ./JOB_ID).")
+    ] = None,
+) -> None:
+    """Copy a job's per-task logs, final model and metrics to this machine."""
+    from orchestrator.backends import open_backend
+    from orchestrator.supervision.collect import check_destination, collect_job
+
+    store = Store()
+    job = store.get_job(job_ref)
+    cfg = stored_config(job)
+    target = dest or Path(job.id)
+    check_destination(target)
+    backend = open_backend(cfg)
+    try:
+        count = collect_job(backend, job.job_dir, target)
+    finally:
+        backend.close()
+    echo(f"collected {count} file(s) of job {job.id} into {target}")
+
+
+@app.command()
+def standbys(
+    config: ConfigArg,
+    clear: Annotated[
+        bool, typer.Option("--clear", help="End them, and the interpreters they hold.")
+    ] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """The warm standbys this user keeps on the config's hosts between jobs ([restart]
+    keep_standbys): each keeper, what it holds, and for how long."""
+    from orchestrator.backends import open_backend
+    from orchestrator.config import load_config
+    from worker.keepers import parse
+
+    with errors_as_json(as_json):
+        backend = open_backend(load_config(config))
+    try:
+        found = backend.standbys(clear)
+        labels = [backend.transport(h).host_label for h in found.keys]
+    finally:
+        backend.close()
+    if as_json:
+        hosts = [
+            {"host": labels[i], "keepers": found.succeeded.get(h),
+             "error": found.reason(h, labels[i]) if h in found.failed else None}
+            for i, h in enumerate(found.keys)
+        ]  # fmt: skip
+        echo(json.dumps({"hosts": hosts}, indent=2))
+        return
+    for i, h in enumerate(found.keys):
+        if h in found.failed:
+            echo(f"{labels[i]}: unreachable: {found.reason(h, labels[i])}")
+            continue
+        entries = [parse(raw) for raw in found.succeeded[h] or []]
+        if not entries:
+            echo(f"{labels[i]}: nothing kept")
+        for entry in entries:
+            echo(f"{labels[i]}: {entry.describe() if entry else 'an entry that is not one'}")

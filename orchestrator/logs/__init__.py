@@ -1,0 +1,1 @@
+"""Task logs: tailing, durable copies, reading them back."""

@@ -1,0 +1,110 @@
+"""Each task's WorkerSpec: what its agent is told (TF_CONFIG, the command, its environment,
+the supervision's clocks and switches). Pure: built from the config, the plan and what the
+backend can do."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from orchestrator.config import ClusterConfig
+from orchestrator.config.timing import Timing
+from orchestrator.planning.gpus import task_env
+from orchestrator.planning.plan import LaunchPlan
+from worker.spec import ENV_PROFILE_STEPS, ENV_STRATEGY, JobLayout, WorkerSpec
+
+
+class HostAbilities(Protocol):
+    """What a spec needs to know of what its backend can do (its Capabilities)."""
+
+    @property
+    def warm_restarts(self) -> bool: ...
+
+    @property
+    def kept_standbys(self) -> bool: ...
+
+    @property
+    def orphan_timeout(self) -> bool: ...
+
+
+class SpecHosts(Protocol):
+    """What a spec needs of its backend: each host's interpreter, and what the backend does."""
+
+    @property
+    def capabilities(self) -> HostAbilities: ...
+
+    def python(self, host_index: int) -> str: ...
+
+
+def entrypoint_command(config: ClusterConfig, python: str) -> list[str]:
+    """The user's own command: [python, -m MODULE | SCRIPT, ARG...] (the agent may start it
+    through the bootstrap; the script sees the same argv either way)."""
+    entry = config.entrypoint
+    target = ["-m", entry.module] if entry.module else [str(entry.script)]
+    return [python, *target, *entry.args]
+
+
+def make_specs(
+    config: ClusterConfig,
+    plan: LaunchPlan,
+    job_id: str,
+    attempt: int,
+    backend: SpecHosts,
+    since_launch: float = 0.0,
+) -> list[WorkerSpec]:
+    sup = config.supervision
+    return [
+        WorkerSpec(
+            job_id=job_id,
+            attempt=attempt,
+            task_index=task.index,
+            task_type=task.type,
+            host_label=task.host_label,
+            tf_config=plan.tf_config(task.index),
+            argv=entrypoint_command(config, backend.python(task.host_index)),
+            env={
+                **task_env(task.gpus, config.strategy.gpu_memory_growth),
+                **config.entrypoint.env,  # its own TF_FORCE_GPU_ALLOW_GROWTH wins
+                ENV_STRATEGY: config.strategy.model_dump_json(),
+                ENV_PROFILE_STEPS: ",".join(map(str, config.strategy.profile_steps)),
+            },
+            workdir=str(config.entrypoint.workdir),
+            shared_dir=str(config.job.shared_dir),
+            heartbeat_interval=sup.heartbeat_interval,
+            stop_grace=sup.stop_grace,
+            preemption_exit_code=config.restart.preemption_exit_code,
+            instrument=config.entrypoint.instrument,
+            orphan_timeout=orphan_timeout(config, backend),
+            warm_restart=warm_restarts(config, backend),
+            warm_imports=config.restart.warm_imports,
+            standby_delay=config.restart.standby_delay,
+            # The keeper waits out the longest restart gap: the backoff, then the preflight.
+            standby_linger=config.restart.backoff_max + 60.0,
+            keep_standbys=config.restart.keep_standbys
+            if backend.capabilities.kept_standbys
+            else 0.0,
+            keep_standbys_bytes=config.restart.keep_standbys_mb << 20,
+            sample_resources=sup.sample_resources,
+            since_launch=max(0.0, since_launch),
+        )
+        for task in plan.tasks
+    ]
+
+
+def warm_restarts(config: ClusterConfig, backend: SpecHosts) -> bool:
+    return (
+        config.restart.warm_restart
+        and config.entrypoint.instrument
+        and backend.capabilities.warm_restarts
+    )
+
+
+def orphan_timeout(config: ClusterConfig, backend: SpecHosts) -> float:
+    """How long an agent cut off from the coordinator and every peer trains on (0: never
+    stops itself; where the scheduler ends the tasks, e.g. a Slurm step)."""
+    if not backend.capabilities.orphan_timeout:
+        return 0.0
+    return Timing.of(config.supervision).orphan_timeout()
+
+
+def job_layout(config: ClusterConfig, job_id: str) -> JobLayout:
+    return JobLayout(str(config.job.shared_dir), job_id)

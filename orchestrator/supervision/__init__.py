@@ -1,0 +1,1 @@
+"""The supervisor and everything it decides: attempts, rounds, rules, host loss, notify."""

@@ -1,0 +1,59 @@
+"""One attempt of a job: its plan, its agents, what the supervisor has seen of it (`Watch`, on
+the coordinator's clock) and each task's log tailer. Made by attempt_control.py when a group
+starts (or is adopted) and passed explicitly to whatever reads or stops it."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from orchestrator.backends.agents import AgentRef
+from orchestrator.logs.logstream import LogTailer
+from orchestrator.planning.plan import LaunchPlan
+from orchestrator.supervision.observations import TaskObservation
+from worker.spec import TaskStatus
+
+
+@dataclass
+class Watch:
+    """Per-attempt bookkeeping of what the supervisor has seen (coordinator clock). Written by
+    the ingest alone, one round at a time (ingest.py); everything else reads it."""
+
+    started: float
+    seq: dict[int, int] = field(default_factory=dict)
+    seq_changed: dict[int, float] = field(default_factory=dict)
+    step: dict[int, int] = field(default_factory=dict)
+    step_changed: dict[int, float] = field(default_factory=dict)
+    first_step: set[int] = field(default_factory=set)
+    last: dict[int, dict[str, object]] = field(default_factory=dict)
+    host_ok: dict[int, float] = field(default_factory=dict)  # host -> last read that worked
+    host_error: dict[int, str] = field(default_factory=dict)  # host -> why its last read failed
+    # What each task looked like at its host's last answer, ages left out (added each round).
+    seen: dict[int, TaskObservation] = field(default_factory=dict)
+    raw_status: dict[int, bytes | None] = field(default_factory=dict)
+    status: dict[int, TaskStatus | None] = field(default_factory=dict)  # parsed, this attempt's
+    resources_kept: dict[int, float] = field(default_factory=dict)  # task -> when kept (monotonic)
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One attempt's running group. The tailers outlive it: a restart appends to each task's
+    log, and the next attempt reads on from the same offsets."""
+
+    number: int
+    plan: LaunchPlan
+    agents: list[AgentRef]
+    tailers: Mapping[int, LogTailer]
+    watch: Watch = field(default_factory=lambda: Watch(started=time.monotonic()))
+    gpu_counts: Mapping[int, int] = field(default_factory=dict)  # GPUs per host, at preflight
+
+    def hosts(self) -> tuple[int, ...]:
+        return tuple(sorted({t.host_index for t in self.plan.tasks}))
+
+
+def agents_by_host(agents: list[AgentRef]) -> dict[int, list[AgentRef]]:
+    by_host: dict[int, list[AgentRef]] = {}
+    for agent in agents:
+        by_host.setdefault(agent.host_index, []).append(agent)
+    return by_host
