@@ -249,7 +249,7 @@ def raw_cold_start(root: Path) -> float:
 def no_kept_standbys() -> None:
     """A measured launch starts as on a fresh machine: no standby kept from the last job
     ([restart] keep_standbys) on any host of ours here. P15 measures a launch that has them."""
-    from worker.keepers import clear
+    from worker.warm.registry import clear
 
     clear(every_host=True, kept_only=False)
 

@@ -111,7 +111,7 @@ def _kind(cmdline: list[str]) -> str:
 def _job_cpu(job: str) -> dict[int, tuple[str, float]]:
     """Each process of the job (by its id in the environment or command line, or named by a
     keeper serving it: its standby and warm trainer carry no job id): kind, CPU s."""
-    from worker.keepers import entries
+    from worker.warm.registry import entries
 
     named = {p for e in entries() if e.job == job for p in (e.pid, e.standby, e.trainer) if p}
     found = {}
@@ -161,7 +161,7 @@ def _running_trainers(job: str, home: Path) -> tuple[set[int], float]:
 
 def _standbys(job: str) -> list[bool]:
     """Whether each standby its keepers hold for the job is ready."""
-    from worker.keepers import entries
+    from worker.warm.registry import entries
 
     return [e.standby_ready for e in entries() if e.job == job and e.standby]
 

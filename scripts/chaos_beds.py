@@ -89,7 +89,7 @@ class LocalBed:
 
     def inject(self, kind: str, view: dict[str, Any], task: int) -> str:
         trainer = view["tasks"][task]["pid"]
-        from worker.keepers import entries  # each keeper's own record: the job it serves now
+        from worker.warm.registry import entries  # each keeper's own record: the job it serves now
 
         keepers = [
             e.pid for e in entries(every_host=True)

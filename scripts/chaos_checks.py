@@ -105,9 +105,9 @@ def wait(predicate: Any, timeout: float, interval: float = 1.0) -> Any:
 
 def _serving(job: str) -> set[int]:
     """The keepers serving the job on any host here, and their warm trainers (a keeper's own
-    record, worker.keepers): a warm trainer was a standby started before the job, and a keeper
+    record, worker.warm.registry): a warm trainer was a standby started before the job, and a keeper
     that keeps its standby for a next job serves none, though its arguments name the job."""
-    from worker.keepers import entries
+    from worker.warm.registry import entries
 
     found = [e for e in entries(every_host=True) if e.job == job]
     return {e.pid for e in found} | {e.trainer for e in found if e.trainer}
@@ -129,7 +129,7 @@ def job_processes(job: str) -> list[int]:
         except (OSError, IndexError):
             continue
         argv = cmdline.split(b"\0")
-        if len(argv) > 1 and argv[1].endswith(b"/worker/standby.py"):
+        if len(argv) > 1 and argv[1].endswith(b"/worker/warm/keeper.py"):
             ours = int(entry.name) in serving
         else:
             ours = needle in environ.split(b"\0") or job.encode() in cmdline

@@ -56,8 +56,8 @@ def _ending(pid: int) -> bool:
 def is_job_or_standby(pid: int, job_id: str) -> bool:
     """A live process of the job (its id in the environment, or its warm trainer), or a
     keeper serving the job, or the standby such a keeper holds (by the keeper's own record)."""
-    from worker.keepers import entries
     from worker.proctl import is_alive, is_job_process
+    from worker.warm.registry import entries
 
     if is_job_process(pid, job_id):
         return True

@@ -166,11 +166,11 @@ def wait_for_end(cli: Callable[..., CliResult], job_id: str, timeout: float = 24
 
 def job_processes(job_id: str) -> list[int]:
     """Every live process of a job, found from /proc: agents by their spec path, standby
-    keepers serving it (their own record, worker.keepers; a keeper that keeps its standby for
+    keepers serving it (their own record, worker.warm.registry; a keeper that keeps its standby for
     the next job serves none), trainers by the ORCHESTRATE_JOB_ID in their environment, warm
     trainers by their keeper's record. Whatever attempt started them."""
-    from worker.keepers import entries
     from worker.proctl import is_alive
+    from worker.warm.registry import entries
 
     serving = {e.pid for e in entries(every_host=True) if e.job == job_id}
     serving |= {e.trainer for e in entries(every_host=True) if e.job == job_id and e.trainer}
@@ -185,7 +185,9 @@ def job_processes(job_id: str) -> list[int]:
         except OSError:
             continue
         argv = cmdline.split(b"\0")
-        if len(argv) > 1 and argv[1].endswith(b"standby.py"):  # named for the job that made it
+        if len(argv) > 1 and argv[1].endswith(
+            b"/worker/warm/keeper.py"
+        ):  # named for the job that made it
             ours = int(entry.name) in serving
         else:
             ours = f"/{job_id}/tasks/".encode() in cmdline or needle in environ.split(b"\0")
@@ -222,7 +224,7 @@ def no_standby_kept_past_the_test() -> Iterator[None]:
     """Every test starts as on a fresh machine: no standby is kept for a next job ([restart]
     keep_standbys; a cache), and those a test's jobs kept end with it, on every host of its
     test beds too."""
-    from worker.keepers import clear
+    from worker.warm.registry import clear
 
     clear(every_host=True, kept_only=False)
     yield

@@ -33,7 +33,7 @@ from tests.conftest import (
     wait_for,
     wait_for_end,
 )
-from worker import keepers
+from worker.warm import registry
 
 sys.path.insert(0, str(REPO / "scripts"))
 import slurmbed
@@ -142,7 +142,7 @@ def no_leftovers(job_id: str) -> None:
     wait_for(lambda: not job_processes(job_id), 20)
     # Each keeper removed its socket as it ended: one killed instead leaves it behind, in every
     # node's /tmp, for every job.
-    left = [n for n in os.listdir(keepers.directory()) if n.startswith(f"{job_id}-")]
+    left = [n for n in os.listdir(registry.directory()) if n.startswith(f"{job_id}-")]
     assert not left, left
 
 

@@ -1,4 +1,4 @@
-"""The warm standby's keeper on its own (worker/standby.py, worker/warm.py): a standby made under
+"""The warm standby's keeper on its own (worker/warm/keeper.py, worker/warm/activation.py): a standby made under
 another environment is replaced, never used; an activated one runs the script with a fresh
 __main__, its argv and exactly the activation's environment; the exit status reaches the agent;
 a keeper without an agent ends its standby and itself. Two TensorFlow imports."""
@@ -13,10 +13,17 @@ import threading
 from pathlib import Path
 
 from tests.conftest import as_nobody, wait_for
-from worker.keepers import SOCKET_MIN_AGE, socket_path
 from worker.proctl import is_alive
-from worker.standby_child import ENV_STANDBY
-from worker.warm import STANDBY, KeeperLink, fingerprint, standby_env, verify_trainer, warm_start
+from worker.warm.activation import (
+    KEEPER,
+    KeeperLink,
+    fingerprint,
+    standby_env,
+    verify_trainer,
+    warm_start,
+)
+from worker.warm.registry import SOCKET_MIN_AGE, socket_path
+from worker.warm.standby import ENV_STANDBY
 
 SCRIPT = """
 import json, os, sys
@@ -50,7 +57,7 @@ def test_the_keeper_replaces_a_stale_standby_and_runs_a_fresh_script_in_a_matchi
     workdir.mkdir()
     job = f"test-{os.getpid()}"
     keeper = subprocess.Popen(
-        [sys.executable, STANDBY, job, "0", "1.0", str(tmp_path / "standby.log"), "0", "0"],
+        [sys.executable, KEEPER, job, "0", "1.0", str(tmp_path / "standby.log"), "0", "0"],
         start_new_session=True,
     )
     ready: list[int] = []
@@ -105,7 +112,7 @@ def test_the_keeper_replaces_a_stale_standby_and_runs_a_fresh_script_in_a_matchi
 def test_a_standby_that_dies_importing_a_library_ahead_is_replaced_without_the_list(
     tmp_path: Path,
 ) -> None:
-    """A library imported ahead (worker.warm_imports) that kills the interpreter: the keeper's
+    """A library imported ahead (worker.warm.imports_ahead) that kills the interpreter: the keeper's
     replacement standby imports TensorFlow alone, and becomes ready."""
     site = tmp_path / "lib" / "site-packages"  # a library directory: its names are imported ahead
     site.mkdir(parents=True)
@@ -115,7 +122,7 @@ def test_a_standby_that_dies_importing_a_library_ahead_is_replaced_without_the_l
     )
     job = f"test-deadly-{os.getpid()}"
     keeper = subprocess.Popen(
-        [sys.executable, STANDBY, job, "0", "1.0", str(tmp_path / "standby.log"), "0", "0"],
+        [sys.executable, KEEPER, job, "0", "1.0", str(tmp_path / "standby.log"), "0", "0"],
         start_new_session=True,
     )
     ready: list[int] = []
@@ -177,7 +184,7 @@ while time.time() < deadline:
 
 def _keeper(job: str, tmp: Path, log: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [sys.executable, STANDBY, job, "0", "30", str(log), "0", "0"],
+        [sys.executable, KEEPER, job, "0", "30", str(log), "0", "0"],
         env={**os.environ, "TMPDIR": str(tmp)}, start_new_session=True,
         stdout=open(log, "ab"), stderr=subprocess.STDOUT,
     )  # fmt: skip

@@ -1,4 +1,4 @@
-"""Warm restarts: each task keeps a standby interpreter with TensorFlow imported (worker/standby.py)
+"""Warm restarts: each task keeps a standby interpreter with TensorFlow imported (worker/warm/keeper.py)
 and a restart runs the entrypoint in it. Real TensorFlow MWMS on the CPU, with a script that
 imports nothing of ours (tests/fixtures/plain_fit.py)."""
 
@@ -63,7 +63,7 @@ def _kill_a_trainer_and_finish(
     assert job["state"] == "succeeded", job["last_cause"]
     assert job["restarts"] >= 1  # the kill's; a busy machine may add one (it resumes too)
     assert all(t["initial_epoch"] > 0 for t in job["tasks"])  # resumed from the checkpoint
-    # Keepers too: those that keep their standby for the next job serve none (worker.keepers).
+    # Keepers too: those that keep their standby for the next job serve none (worker.warm.registry).
     wait_for(lambda: not job_processes(job_id), 15)
     return job
 
@@ -98,7 +98,7 @@ def test_a_restart_runs_in_the_standby_and_the_script_sees_a_fresh_start(
             assert seen["cwd"] == cold["cwd"]
         assert (cold["attempt"], warm["attempt"]) == ("0", "1")
         assert not cold["tf_imported"] and warm["tf_imported"]  # the standby had imported it
-        # And, ahead, the libraries the task's last trainer imported (worker.warm_imports).
+        # And, ahead, the libraries the task's last trainer imported (worker.warm.imports_ahead).
         assert not cold["sklearn_imported"] and warm["sklearn_imported"]
         recorded = tmp_path / "shared" / job_id / "tasks" / str(i) / "warm-imports.json"
         assert "sklearn.datasets" in json.loads(recorded.read_text())["modules"]
@@ -174,7 +174,7 @@ def test_no_standby_imports_beside_the_first_steps_and_a_restart_before_the_dela
     trainer killed before the delay gets its standby as it exits (and the task stopped with it
     too: keep_standbys is on), and the restart waits for them to finish importing and starts
     warm in both tasks."""
-    from worker.keepers import entries
+    from worker.warm.registry import entries
 
     backup = tmp_path / "shared" / "backup"
     entry = (

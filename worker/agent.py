@@ -23,7 +23,6 @@ from types import FrameType
 from typing import BinaryIO
 
 from worker import ship, stacks
-from worker.agent_standby import AgentStandby
 from worker.children import BOOTSTRAP, die_with_parent, exit_waiter
 from worker.contact import cut_off, forget, peer_endpoints
 from worker.proctl import HURRY, not_nested
@@ -45,8 +44,9 @@ from worker.spec import (
     write_json_atomic,
 )
 from worker.tb_events import EventWriter
-from worker.warm import WarmTrainer
-from worker.warm_imports import ENV_RECORD_IMPORTS
+from worker.warm.activation import WarmTrainer
+from worker.warm.imports_ahead import ENV_RECORD_IMPORTS
+from worker.warm.next_standby import AgentStandby
 
 FINAL_STATUS_PATIENCE = 30.0  # seconds to keep trying to write the final status
 MAX_PROGRESS_BYTES = 64 << 10  # the progress file a trainer writes: well over what we write

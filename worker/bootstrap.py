@@ -32,10 +32,11 @@ import types
 from types import TracebackType
 from typing import Any
 
-from worker import import_env, progress, stacks, warm_imports
+from worker import progress, stacks
 from worker.instrument import Instrumentation
 from worker.spec import ENV_ATTEMPT, ENV_TASK_DIR, Phase
-from worker.standby_child import ENV_STANDBY
+from worker.warm import import_env, imports_ahead
+from worker.warm.standby import ENV_STANDBY
 
 _OUR_FILES = frozenset(
     os.path.normcase(os.path.abspath(f))
@@ -141,8 +142,8 @@ def main() -> None:
     writer.phase(Phase.STARTING)
     global _recorder
     task_dir = os.environ.get(ENV_TASK_DIR)
-    if task_dir and os.environ.get(warm_imports.ENV_RECORD_IMPORTS) == "1":
-        _recorder = warm_imports.Recorder(task_dir, import_env.READ_LATER | import_env.PER_JOB)
+    if task_dir and os.environ.get(imports_ahead.ENV_RECORD_IMPORTS) == "1":
+        _recorder = imports_ahead.Recorder(task_dir, import_env.READ_LATER | import_env.PER_JOB)
     writer.before_training = _training_begins
     instrumentation = Instrumentation(writer)
     instrumentation.finder().install()
@@ -185,7 +186,7 @@ def _scheduling(idle: bool) -> None:
 
 
 def standby(control_fd: int) -> None:
-    """A warm standby (worker/standby.py): import TensorFlow (and tf-keras) under the task's
+    """A warm standby (worker/warm/keeper.py): import TensorFlow (and tf-keras) under the task's
     environment, no user code; say ready; wait for the activation; then start the entrypoint
     exactly as a cold start does, with the activation's environment, directory and log."""
     import json
@@ -199,8 +200,8 @@ def standby(control_fd: int) -> None:
     if os.environ.get("TF_USE_LEGACY_KERAS") == "1":
         with contextlib.suppress(ImportError):
             import tf_keras  # noqa: F401
-    ahead = os.environ.pop(warm_imports.ENV_WARM_IMPORTS, "")
-    warm_imports.import_ahead(ahead.split(",") if ahead else [])
+    ahead = os.environ.pop(imports_ahead.ENV_WARM_IMPORTS, "")
+    imports_ahead.import_ahead(ahead.split(",") if ahead else [])
     # What the imports set themselves (TensorFlow sets TF2_BEHAVIOR...): a cold trainer has
     # them after the same imports, so the activation's environment gets them too.
     imports_set = {k: v for k, v in os.environ.items() if initial.get(k) != v}
@@ -227,17 +228,17 @@ def standby(control_fd: int) -> None:
     script_dir = os.getcwd() if target[:1] == ["-m"] else _script_dir(target[0])
     # Upgraded while the standby waited, or shadowed by a module of the script's own: the
     # script must get what a cold start would import.
-    changed = warm_imports.stale() or warm_imports.shadowed(script_dir)
+    changed = imports_ahead.stale() or imports_ahead.shadowed(script_dir)
     if changed:
         print(f"orchestrate: {changed} is not what this warm standby imported ahead: starting "
               "over cold", file=sys.stderr, flush=True)  # fmt: skip
         _exec_cold(order, {})
     import_env.watch(dict(os.environ), lambda names, library: _start_cold(names, order, library),
-                     warm_imports.roots(warm_imports.imported), _script_set)  # fmt: skip
+                     imports_ahead.roots(imports_ahead.imported), _script_set)  # fmt: skip
     main()
 
 
-_recorder: warm_imports.Recorder | None = None
+_recorder: imports_ahead.Recorder | None = None
 
 
 def _script_set() -> list[str]:
@@ -253,7 +254,7 @@ def _training_begins() -> None:
 
 
 def _start_cold(names: list[str], order: dict[str, Any], library: bool) -> None:
-    """The script set an import-time variable itself (worker.import_env): become a fresh
+    """The script set an import-time variable itself (worker.warm.import_env): become a fresh
     interpreter running it cold, as the agent would have started it (same pid, same log).
     `library`: before importing a library the standby imported ahead (not TensorFlow): the
     cold run records no imports ahead, and the task's next attempts may start warm."""

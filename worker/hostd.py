@@ -100,16 +100,16 @@ def handle(op: str, args: dict[str, Any]) -> Any:
         return True
     if op == "stop_job":
         return proctl.stop_job(str(args["job_id"]), float(args["grace"]))
-    if op == "standbys":  # this user's standby keepers here (worker.keepers)
+    if op == "standbys":  # this user's standby keepers here (worker.warm.registry)
         from dataclasses import asdict
 
-        from worker import keepers
+        from worker.warm import registry
 
         if args["action"] == "release":
-            return keepers.release(str(args["job_id"]))
+            return registry.release(str(args["job_id"]))
         if args["action"] == "clear":
-            return keepers.clear()
-        return [asdict(entry) for entry in keepers.entries()]
+            return registry.clear()
+        return [asdict(entry) for entry in registry.entries()]
     if op == "remove":  # a directory tree we made (preflight tokens)
         shutil.rmtree(args["path"], ignore_errors=True)
         return True

@@ -214,8 +214,8 @@ def _environ_has(pid: int, marker: bytes) -> bool:
 
 
 def _warm_trainers(job_id: str) -> set[int]:
-    """The job's trainers that were standbys started before it (worker.keepers)."""
-    from worker.keepers import trainers_of
+    """The job's trainers that were standbys started before it (worker.warm.registry)."""
+    from worker.warm.registry import trainers_of
 
     return set(trainers_of(job_id))
 
@@ -253,7 +253,7 @@ def _net_namespace(pid: int | str) -> str | None:
 
 def find_job(job_id: str) -> list[tuple[int, int, str]]:
     """Every live process of ours that carries ORCHESTRATE_JOB_ID=job_id in its environment
-    (or is the job's warm trainer, worker.keepers), in this host's network namespace: (pid,
+    (or is the job's warm trainer, worker.warm.registry), in this host's network namespace: (pid,
     process group, identity). (Agents and trainers live in the namespace of the helper that
     started them; machines that share one kernel, as network namespaces do, must not stop
     each other's tasks.)"""

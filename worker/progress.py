@@ -33,7 +33,7 @@ class ProgressWriter:
         self._last_write = float("-inf")
         # Read at each write: the wait clock's totals (worker.wait_clock), once it is there.
         self.counters: Callable[[], dict[str, float]] | None = None
-        # Run once, before TRAINING is first written (worker.warm_imports' record: the agent
+        # Run once, before TRAINING is first written (worker.warm.imports_ahead' record: the agent
         # prepares the next standby when it reads TRAINING).
         self.before_training: Callable[[], None] | None = None
         self._hook_lock = threading.Lock()

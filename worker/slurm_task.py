@@ -17,7 +17,7 @@ trainer ended), and non-zero only when it could not get that far: `srun --kill-o
 then ends the whole step, which the coordinator sees at once.
 
 `python -m worker.slurm_task --keeper JOB_ROOT` is a task of the job's keeper step instead: it
-becomes the warm-standby keeper (worker/standby.py) of the task with its SLURM_PROCID, on the
+becomes the warm-standby keeper (worker/warm/keeper.py) of the task with its SLURM_PROCID, on the
 same node as that task in every attempt's step. Its step outlives the attempts' steps, so the
 next attempt's agent finds a standby with TensorFlow imported. Standard library only.
 """
@@ -40,7 +40,7 @@ from worker.spec import JobLayout, WorkerSpec
 SPEC_WAIT = 300.0  # seconds to wait for the coordinator's spec before giving up
 # A keeper with no agent ends after this long; the keeper step is ended with the job before.
 KEEPER_LINGER = 7 * 24 * 3600.0
-STANDBY = str(Path(__file__).resolve().with_name("standby.py"))
+KEEPER = str(Path(__file__).resolve().parent / "warm" / "keeper.py")
 POLL = 0.05
 
 
@@ -101,13 +101,13 @@ def wait_for_spec(path: Path, attempt: int, timeout: float) -> WorkerSpec | None
 
 
 def become_keeper(job_root: Path) -> None:
-    """Exec this node's task's keeper (agents check a keeper by its program: standby.py).
+    """Exec this node's task's keeper (agents check a keeper by its program: warm/keeper.py).
     Nothing is kept past the job: the allocation is the job's alone."""
     procid = int(os.environ["SLURM_PROCID"])
     layout = JobLayout(job_root.parent.as_posix(), job_root.name)
     task_dir = Path(layout.task_dir(procid))
     task_dir.mkdir(parents=True, exist_ok=True)
-    argv = [sys.executable, STANDBY, job_root.name, str(procid), str(KEEPER_LINGER),
+    argv = [sys.executable, KEEPER, job_root.name, str(procid), str(KEEPER_LINGER),
             str(task_dir / "standby.log"), "0", "0"]  # fmt: skip
     os.execv(sys.executable, argv)
 

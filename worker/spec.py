@@ -160,9 +160,9 @@ class WorkerSpec:
     # Stop the trainer when the coordinator has not reached this host for this long and no
     # peer answers either (worker.contact); 0: never.
     orphan_timeout: float = 0.0
-    # Keep a standby interpreter with TensorFlow imported for the next attempt (worker.warm).
+    # Keep a standby interpreter with TensorFlow imported for the next attempt (worker.warm),
     warm_restart: bool = False
-    warm_imports: bool = False  # it also imports what the last trainer did (worker.warm_imports)
+    warm_imports: bool = False  # and have it import what the last trainer did, too
     standby_delay: float = 0.0  # seconds of training before the next standby is prepared
     standby_linger: float = 60.0  # how long the keeper waits for the next attempt's agent
     # After the job: how long a ready standby is kept for this user's next job (same Python

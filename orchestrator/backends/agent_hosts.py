@@ -97,7 +97,7 @@ class AgentHosts:
         )
 
     def standbys(self, clear: bool) -> HostResults[int, list[dict[str, Any]]]:
-        """What each host keeps (worker.keepers' entries); `clear`: end them first."""
+        """What each host keeps (worker.warm.registry' entries); `clear`: end them first."""
 
         def one(h: int) -> list[dict[str, Any]]:
             if clear:

@@ -119,7 +119,7 @@ class Backend(Protocol):
         ...
 
     def standbys(self, clear: bool) -> HostResults[int, list[dict[str, Any]]]:
-        """The standbys this user keeps between jobs on each host (worker.keepers' entries);
+        """The standbys this user keeps between jobs on each host (worker.warm.registry' entries);
         `clear`: end them first."""
         ...
 

@@ -168,7 +168,7 @@ def standbys(
     keep_standbys): each keeper, what it holds, and for how long."""
     from orchestrator.backends import open_backend
     from orchestrator.config import load_config
-    from worker.keepers import parse
+    from worker.warm.registry import parse
 
     with errors_as_json(as_json):
         backend = open_backend(load_config(config))

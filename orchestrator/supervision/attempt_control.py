@@ -208,7 +208,7 @@ class AttemptControl:
             self.store.add_event(self.job_id, "cleaned_up", f"stopped leftover {names}")
 
     def end_standbys(self) -> None:
-        """At the job's end: the warm standbys' keepers (worker/standby.py) would wait for a
+        """At the job's end: the warm standbys' keepers (worker/warm/keeper.py) would wait for a
         next attempt that will not come."""
         if warm_restarts(self.config, self.backend):
             self.backend.end_standbys(self.job_id)

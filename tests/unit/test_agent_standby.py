@@ -1,4 +1,4 @@
-"""When an agent asks its keeper for the next attempt's standby (worker.agent_standby): only
+"""When an agent asks its keeper for the next attempt's standby (worker.warm.next_standby): only
 once the trainer has trained `standby_delay` seconds, or as a trainer that trained exits."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import threading
 
 import pytest
 
-from worker import agent_standby
-from worker.agent_standby import AgentStandby
 from worker.spec import Phase, WorkerSpec
+from worker.warm import next_standby
+from worker.warm.next_standby import AgentStandby
 
 
 class Clock:
@@ -24,7 +24,7 @@ def _standby(
     monkeypatch: pytest.MonkeyPatch, phase: list[Phase], delay: float = 30.0, **spec: object
 ) -> tuple[AgentStandby, Clock, threading.Event]:
     clock = Clock()
-    monkeypatch.setattr(agent_standby.time, "monotonic", clock)
+    monkeypatch.setattr(next_standby.time, "monotonic", clock)
     fields: dict = {"warm_restart": True, "instrument": True, "standby_delay": delay, **spec}
     worker_spec = WorkerSpec(job_id="j", task_index=0, host_label="h", tf_config={},
                              argv=["python", "train.py"], workdir="/", shared_dir="/s",
@@ -79,7 +79,7 @@ def test_none_without_warm_restarts_or_the_bootstrap(
 
 def test_asked_once(monkeypatch: pytest.MonkeyPatch) -> None:
     standby, _, _ = _standby(monkeypatch, [Phase.TRAINING], delay=0.0)
-    monkeypatch.setattr(agent_standby, "prepare_standby", lambda *a: None)
+    monkeypatch.setattr(next_standby, "prepare_standby", lambda *a: None)
     assert standby.due()
     standby.prepare()
     assert not standby.due() and not standby.due(exit_code=1)

@@ -1,4 +1,4 @@
-"""worker.import_env: which variables matter to TensorFlow's import, and the one look at the
+"""worker.warm.import_env: which variables matter to TensorFlow's import, and the one look at the
 script's first import of it (a stand-in module name here: importing TensorFlow takes seconds)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from worker import import_env
+from worker.warm import import_env
 
 
 def test_only_import_time_variables_count_and_not_the_per_attempt_ones() -> None:
@@ -88,10 +88,10 @@ def test_the_reason_a_task_starts_cold_shows_the_trainers_names_cut_and_printabl
 def test_a_trainer_started_over_cold_is_still_the_keepers_standby_to_the_agent(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """The exec may come before the agent checks the pid the keeper named (worker.warm
+    """The exec may come before the agent checks the pid the keeper named (worker.warm.activation
     verify_trainer reads its environment): the new interpreter keeps the standby's mark."""
     from worker import bootstrap
-    from worker.standby_child import ENV_STANDBY
+    from worker.warm.standby import ENV_STANDBY
 
     monkeypatch.setenv(import_env.ENV_TASK_DIR, str(tmp_path))
     execs: list[dict[str, str]] = []
@@ -106,7 +106,7 @@ def test_a_trainer_started_over_cold_is_still_the_keepers_standby_to_the_agent(
 def test_with_libraries_imported_ahead_the_script_setting_a_variable_counts_until_training(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """worker.warm_imports: the standby imported `json` (say, scikit-learn) besides TensorFlow.
+    """worker.warm.imports_ahead: the standby imported `json` (say, scikit-learn) besides TensorFlow.
     Once the script's own code set a variable (the Recorder tells which), its next import of
     such a library starts it over cold, without marking the task (`library`); TensorFlow's
     variables count as before; at training, the watch ends."""
@@ -178,4 +178,4 @@ def test_importlib_imports_by_the_package_itself_are_not_the_scripts(
     monkeypatch.setenv("TF_ENABLE_ONEDNN_OPTS", "0")
     exec("import importlib\nimportlib.import_module('json.decoder')", {"__name__": "json"})
     assert watched == []
-    assert importlib.import_module.__module__ == "worker.import_env"  # still watching
+    assert importlib.import_module.__module__ == "worker.warm.import_env"  # still watching

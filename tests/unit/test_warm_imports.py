@@ -1,4 +1,4 @@
-"""worker.warm_imports: which modules a trainer records for its task's next standby, what the
+"""worker.warm.imports_ahead: which modules a trainer records for its task's next standby, what the
 agent accepts from that file (a trainer wrote it), and the standby's imports ahead. Stand-in
 modules in a temporary "library directory": the real ones take seconds to import."""
 
@@ -12,17 +12,17 @@ from pathlib import Path
 
 import pytest
 
-from worker import import_env, warm_imports
-from worker.warm_imports import MAX_JOINED, MAX_NAMES, WARM_IMPORTS_FILE, Recorder
+from worker.warm import import_env, imports_ahead
+from worker.warm.imports_ahead import MAX_JOINED, MAX_NAMES, WARM_IMPORTS_FILE, Recorder
 
 
 def test_only_dotted_names_not_ours_each_once_and_bounded() -> None:
     given = ["sklearn.datasets", "sklearn.datasets", "os; rm -rf /", "../x", "a..b", 3, None,
              "tensorflow.python", "worker.agent", "__main__", "pandas", ""]  # fmt: skip
-    assert warm_imports.valid(given) == ["sklearn.datasets", "pandas"]
-    assert len(warm_imports.valid(f"m{i}" for i in range(MAX_NAMES + 10))) == MAX_NAMES
+    assert imports_ahead.valid(given) == ["sklearn.datasets", "pandas"]
+    assert len(imports_ahead.valid(f"m{i}" for i in range(MAX_NAMES + 10))) == MAX_NAMES
     long = [f"package_{i:05d}.module_with_a_long_name" for i in range(3000)]
-    assert len(",".join(warm_imports.valid(long))) <= MAX_JOINED
+    assert len(",".join(imports_ahead.valid(long))) <= MAX_JOINED
 
 
 @pytest.mark.parametrize(
@@ -32,14 +32,14 @@ def test_only_dotted_names_not_ours_each_once_and_bounded() -> None:
 )  # fmt: skip
 def test_a_file_the_agent_cannot_trust_gives_nothing(tmp_path: Path, content: bytes) -> None:
     (tmp_path / WARM_IMPORTS_FILE).write_bytes(content)
-    assert warm_imports.read(str(tmp_path)) == []
+    assert imports_ahead.read(str(tmp_path)) == []
 
 
 def test_the_file_is_read_checked(tmp_path: Path) -> None:
-    assert warm_imports.read(str(tmp_path)) == []  # none yet
+    assert imports_ahead.read(str(tmp_path)) == []  # none yet
     data = {"modules": ["numpy", "evil name", "scipy.sparse"]}
     (tmp_path / WARM_IMPORTS_FILE).write_text(json.dumps(data))
-    assert warm_imports.read(str(tmp_path)) == ["numpy", "scipy.sparse"]
+    assert imports_ahead.read(str(tmp_path)) == ["numpy", "scipy.sparse"]
 
 
 @pytest.fixture
@@ -58,14 +58,14 @@ def library(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     (own / "fake_elsewhere.py").write_text("VALUE = 1\n")  # on the path, not in a library
     monkeypatch.syspath_prepend(str(lib))
     monkeypatch.syspath_prepend(str(own))
-    monkeypatch.setattr(warm_imports, "library_dirs", lambda: (os.path.join(str(lib), ""),))
+    monkeypatch.setattr(imports_ahead, "library_dirs", lambda: (os.path.join(str(lib), ""),))
     environ = type(os.environ)
     monkeypatch.setattr(environ, "__setitem__", environ.__setitem__)  # restored afterwards
     monkeypatch.setattr(environ, "__delitem__", environ.__delitem__)
     monkeypatch.delenv("FAKE_LIB_SET", raising=False)
     monkeypatch.delenv("FAKE_SCRIPT_SET", raising=False)
-    monkeypatch.setattr(warm_imports, "imported", [])
-    monkeypatch.setattr(warm_imports, "_files", {})
+    monkeypatch.setattr(imports_ahead, "imported", [])
+    monkeypatch.setattr(imports_ahead, "_files", {})
     import fake_script  # type: ignore[import-not-found]  # noqa: F401
 
     yield tmp_path
@@ -126,12 +126,12 @@ def test_nothing_is_recorded_when_the_script_set_a_variable_itself(
 def test_a_standby_imports_ahead_what_it_can_and_its_trainer_records_what_it_still_uses(
     library: Path, monkeypatch: pytest.MonkeyPatch, used: bool
 ) -> None:
-    warm_imports.import_ahead(
+    imports_ahead.import_ahead(
         ["fake_broken", "fake_plain", "fake_script", "tensorflow", "fake_elsewhere"]
     )
     assert "fake_plain" in sys.modules and "fake_broken" not in sys.modules
     assert "fake_elsewhere" not in sys.modules  # found outside the library directories
-    assert warm_imports.imported == ["fake_plain"]
+    assert imports_ahead.imported == ["fake_plain"]
     # The trainer this standby becomes: did an import statement of its name the package?
     monkeypatch.setattr(import_env, "ahead_used", {"fake_plain"} if used else set())
     recorder = Recorder(str(library), frozenset())
@@ -148,17 +148,17 @@ def test_code_of_no_module_setting_a_variable_counts_as_the_script_s(library: Pa
 
 
 def test_a_module_of_the_script_s_own_shadowing_a_package_imported_ahead(library: Path) -> None:
-    warm_imports.import_ahead(["fake_plain"])
+    imports_ahead.import_ahead(["fake_plain"])
     own = library / "script"
-    assert warm_imports.shadowed(str(own)) == ""
+    assert imports_ahead.shadowed(str(own)) == ""
     (own / "fake_plain.py").write_text("")  # a cold start would import this one
-    assert warm_imports.shadowed(str(own)) == "fake_plain"
+    assert imports_ahead.shadowed(str(own)) == "fake_plain"
 
 
 def test_a_module_upgraded_while_the_standby_waited_makes_it_stale(library: Path) -> None:
     """The script must run what is installed now (the standby then starts over cold)."""
-    warm_imports.import_ahead(["fake_plain"])
-    assert warm_imports.stale() == ""
+    imports_ahead.import_ahead(["fake_plain"])
+    assert imports_ahead.stale() == ""
     module = library / "site-packages" / "fake_plain.py"
     module.write_text(module.read_text() + "VERSION = 2\n")
-    assert warm_imports.stale() == str(module)
+    assert imports_ahead.stale() == str(module)

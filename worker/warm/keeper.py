@@ -1,4 +1,4 @@
-"""Warm standby trainers: `python .../worker/standby.py JOB_ID TASK_INDEX LINGER LOG`.
+"""Warm standby trainers: `python .../worker/warm/keeper.py JOB_ID TASK_INDEX LINGER LOG`.
 
 A restart costs a new interpreter and a TensorFlow import (seconds) before the user's script
 even starts. The keeper, one per task per host, holds a standby interpreter that has imported
@@ -18,7 +18,7 @@ directory on the host's own disk (worker/private_dir.py: 0700, ours, checked): a
 neither bind the name first nor connect to it. (An abstract socket name would be open to every
 user of the network namespace: the first to bind it wins.) Each side checks the other with
 SO_PEERCRED: the keeper serves only this user; the agent speaks only to this task's keeper
-(this user, and a process whose arguments are `standby.py JOB TASK`), and sends nothing before.
+(this user, and a process whose arguments are `keeper.py JOB TASK`), and sends nothing before.
 JSON lines, agent -> keeper:
   {"op": "prepare", "fingerprint": F, "env": {...}, "python": P}  start a standby (if none, or
       replace one whose fingerprint differs); the keeper answers {"ok": true} at once and
@@ -44,12 +44,15 @@ import sys
 import time
 from typing import Any
 
-if __package__ in (None, ""):  # run as a file (python .../worker/standby.py): import as a package
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if __package__ in (
+    None,
+    "",
+):  # run as a file (python .../worker/warm/keeper.py): import as a package
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from worker import keepers, warm_imports
-from worker.keepers import kept_socket_path, socket_path
-from worker.standby_child import Child, rss_bytes
+from worker.warm import imports_ahead, registry
+from worker.warm.registry import kept_socket_path, socket_path
+from worker.warm.standby import Child, rss_bytes
 
 READY = b"ready\n"
 MAX_STANDBY_DEATHS = 3
@@ -85,8 +88,8 @@ class Keeper:
 
     def record(self) -> None:
         standby = self.standby
-        keepers.record(keepers.KeeperEntry(
-            pid=os.getpid(), host=keepers.this_host(),
+        registry.record(registry.KeeperEntry(
+            pid=os.getpid(), host=registry.this_host(),
             job="" if self.kept_until is not None else self.job_id, task=self.task_index,
             state="kept" if self.kept_until is not None else "serving",
             fingerprint=standby.fingerprint if standby else "",
@@ -128,9 +131,9 @@ class Keeper:
         if self.kept_until is not None:  # kept already
             return True
         size = self._standby_size()
-        available, total = keepers.memory_available()
-        with keepers.budget_lock():
-            held = keepers.kept_bytes(but=os.getpid())
+        available, total = registry.memory_available()
+        with registry.budget_lock():
+            held = registry.kept_bytes(but=os.getpid())
             if held + size > self.keep_bytes:
                 _say(f"not kept: {(held + size) >> 20} MB would pass the budget "
                      f"({self.keep_bytes >> 20} MB)")  # fmt: skip
@@ -185,7 +188,7 @@ class Keeper:
             self.standby = None
         self.log = str(request.get("log", self.log))  # the task's (of the job it serves now)
         if self.standby is None:
-            imports = warm_imports.valid(request.get("imports") or [])
+            imports = imports_ahead.valid(request.get("imports") or [])
             try:
                 self.standby = Child(request["python"], request["env"], request["fingerprint"],
                                      self.log, imports)  # fmt: skip
@@ -272,7 +275,7 @@ class Keeper:
                 self.record()
             elif request["op"] == "activate":
                 self._send(self._activate(request))
-            elif request["op"] == "release":  # the job ended (worker.keepers.release)
+            elif request["op"] == "release":  # the job ended (worker.warm.registry.release)
                 kept = self._keep_or_end()
                 self._send({"ok": True, "kept": kept})
                 if not kept:
@@ -367,14 +370,14 @@ def main(argv: list[str]) -> int:
         return 3
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
     keeper.record()
-    keepers.sweep_sockets()  # those of keepers killed before they could remove their own
+    registry.sweep_sockets()  # those of keepers killed before they could remove their own
     try:
         return keeper.serve()
     finally:  # a stop or the end of the job: nothing of ours lives on (PDEATHSIG does too)
         for child in (keeper.standby, keeper.trainer):
             if child is not None:
                 child.kill()
-        keepers.forget(os.getpid())
+        registry.forget(os.getpid())
         with contextlib.suppress(OSError):
             os.unlink(keeper.socket)
 

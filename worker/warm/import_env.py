@@ -60,7 +60,7 @@ def changed(before: Mapping[str, str], now: Mapping[str, str]) -> list[str]:
 
 
 # Top-level names of the modules imported ahead that an import statement named in this warm
-# trainer before its training began: worker.warm_imports records only those again.
+# trainer before its training began: worker.warm.imports_ahead records only those again.
 ahead_used: set[str] = set()
 _stops: list[Callable[[], None]] = []
 
@@ -77,9 +77,9 @@ def watch(
     instrumentation pass.
 
     `ahead`: the top-level names of the library modules the standby imported besides
-    (worker.warm_imports). Then each of the script's imports of those is looked at too, until
+    (worker.warm.imports_ahead). Then each of the script's imports of those is looked at too, until
     its training begins (stop_watching): once the script's own code set a variable
-    (`script_set`, worker.warm_imports.Recorder's attribution), start_cold(names, True)."""
+    (`script_set`, worker.warm.imports_ahead.Recorder's attribution), start_cold(names, True)."""
     real = builtins.__import__
     real_import_module = importlib.import_module
     watched = WATCHED | ahead
@@ -133,7 +133,7 @@ def stop_watching() -> None:
 
 
 def mark_undone(names: list[str]) -> None:
-    """Tell the task's later attempts (worker.warm.undone_reason) and the log."""
+    """Tell the task's later attempts (worker.warm.activation.undone_reason) and the log."""
     print(f"orchestrate: the script sets {', '.join(names)} before importing TensorFlow, which "
           "this warm trainer had imported already: starting over cold (this task's next "
           "attempts start cold too)", file=sys.stderr, flush=True)  # fmt: skip

@@ -1,7 +1,7 @@
-"""The agent's side of warm restarts (worker/warm.py, worker/standby.py): start this attempt's
-trainer in the task's standby when a keeper holds one, and have the keeper prepare the next
-attempt's once this trainer has trained `standby_delay` seconds, or as a trainer that trained
-exits (for the restart after its failure, or for the user's next job)."""
+"""The agent's side of warm restarts (worker/warm/activation.py, worker/warm/keeper.py): start this
+attempt's trainer in the task's standby when a keeper holds one, and have the keeper prepare the
+next attempt's once this trainer has trained `standby_delay` seconds, or as a trainer that
+trained exits (for the restart after its failure, or for the user's next job)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,14 @@ import time
 from collections.abc import Callable
 
 from worker.spec import Phase, WorkerSpec
-from worker.warm import KeeperLink, WarmTrainer, fingerprint, prepare_standby, undone_reason
-from worker.warm import warm_start as start_in_standby
+from worker.warm.activation import (
+    KeeperLink,
+    WarmTrainer,
+    fingerprint,
+    prepare_standby,
+    undone_reason,
+)
+from worker.warm.activation import warm_start as start_in_standby
 
 
 class AgentStandby:

@@ -1,4 +1,4 @@
-"""A standby interpreter, the keeper's child (worker/standby.py): `bootstrap.py --standby`
+"""A standby interpreter, the keeper's child (worker/warm/keeper.py): `bootstrap.py --standby`
 imports TensorFlow under the task's environment and waits on its control socket; once
 activated it is the trainer. Standard library only."""
 
@@ -11,7 +11,7 @@ import socket
 import subprocess
 
 from worker.children import BOOTSTRAP, die_with_parent
-from worker.warm_imports import ENV_WARM_IMPORTS
+from worker.warm.imports_ahead import ENV_WARM_IMPORTS
 
 ENV_STANDBY = "ORCHESTRATE_STANDBY"  # in a standby's own environment: a warm trainer has it
 
@@ -32,7 +32,7 @@ class Child:
     ) -> None:
         self.fingerprint = fingerprint
         ours, theirs = socket.socketpair()
-        if imports:  # worker.warm_imports: what the standby imports besides TensorFlow
+        if imports:  # worker.warm.imports_ahead: what the standby imports besides TensorFlow
             env = {**env, ENV_WARM_IMPORTS: ",".join(imports)}
         with open(log, "ab") as out:
             self.proc = subprocess.Popen(

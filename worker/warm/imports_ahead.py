@@ -10,7 +10,7 @@ script changed the environment by then: a library imported under another environ
 the script's could differ, and a standby cannot know what the script would set. The agent
 reads the list (a trainer wrote it: bounded, every name checked) and passes it to the keeper
 with the standby's order; the standby imports each name, ignoring any that fails, before it
-says ready. Once activated, `worker.import_env` also watches the script's first imports of
+says ready. Once activated, `worker.warm.import_env` also watches the script's first imports of
 these modules. Standard library only."""
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ import sys
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from worker import import_env
 from worker.atomic import write_json_atomic
+from worker.warm import import_env
 
 ENV_WARM_IMPORTS = "ORCHESTRATE_WARM_IMPORTS"  # the standby's list, comma-separated
 ENV_RECORD_IMPORTS = "ORCHESTRATE_RECORD_IMPORTS"  # "1" in a trainer's: record its list

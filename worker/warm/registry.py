@@ -1,4 +1,4 @@
-"""What this user's standby keepers (worker/standby.py) on this host are doing, for the host
+"""What this user's standby keepers (worker/warm/keeper.py) on this host are doing, for the host
 helper, the job sweep and `orchestrate standbys`.
 
 Each keeper writes `keeper-<pid>.json` in the private directory of its socket (ours alone:
@@ -120,7 +120,7 @@ def forget(pid: int) -> None:
 
 
 def _is_keeper(pid: int) -> bool:
-    """pid is alive, ours, and runs a keeper: `python .../worker/standby.py ...` (this worker
+    """pid is alive, ours, and runs a keeper: `python .../worker/warm/keeper.py ...` (this worker
     package's or another copy's)."""
     try:
         if os.stat(f"/proc/{pid}").st_uid != os.getuid():
@@ -132,7 +132,7 @@ def _is_keeper(pid: int) -> bool:
     if len(argv) <= 2:
         return False
     program = os.path.realpath(os.fsdecode(argv[1]))
-    return os.path.basename(program) == "standby.py" and program.endswith("/worker/standby.py")
+    return program.endswith("/worker/warm/keeper.py")
 
 
 def parse(raw: object) -> KeeperEntry | None:

@@ -1,6 +1,6 @@
-"""The agent's side of warm restarts (worker/standby.py is the keeper's): find the task's keeper,
-activate its standby as this attempt's trainer, or start a keeper and have it prepare a standby
-for the next attempt. Standard library only."""
+"""The agent's side of warm restarts (worker/warm/keeper.py is the keeper's): find the task's
+keeper, activate its standby as this attempt's trainer, or start a keeper and have it prepare a
+standby for the next attempt. Standard library only."""
 
 from __future__ import annotations
 
@@ -21,14 +21,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from worker import warm_imports
-from worker.import_env import PER_JOB, import_relevant, undone_reason
-from worker.keepers import kept_socket_path, memory_available, parent_of, socket_path
 from worker.spec import ENV_JOB_ID, WorkerSpec
-from worker.standby import MAX_KEPT
-from worker.standby_child import ENV_STANDBY
+from worker.warm import imports_ahead
+from worker.warm.import_env import PER_JOB, import_relevant, undone_reason
+from worker.warm.keeper import MAX_KEPT
+from worker.warm.registry import kept_socket_path, memory_available, parent_of, socket_path
+from worker.warm.standby import ENV_STANDBY
 
-STANDBY = str(Path(__file__).resolve().with_name("standby.py"))
+KEEPER = str(Path(__file__).resolve().with_name("keeper.py"))
 STANDBY_ESTIMATE = 800 << 20  # bytes a standby needs, about (TensorFlow and tf-keras imported)
 REPLY_TIMEOUT = 10.0
 # A standby still importing TensorFlow is waited for this long at most: it is ahead of a cold
@@ -71,7 +71,7 @@ def fingerprint(trainer_env: dict[str, str], python: str, user_env: dict[str, st
     relevant = {
         k: v for k, v in standby_env(trainer_env).items() if k in user_env or import_relevant(k)
     }
-    blob = json.dumps([_python_identity(python), STANDBY, sorted(relevant.items())])
+    blob = json.dumps([_python_identity(python), KEEPER, sorted(relevant.items())])
     return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
 
@@ -265,7 +265,7 @@ def _not_our_keeper(sock: socket.socket) -> str:
     if uid != os.getuid():
         return f"the keeper's socket is served by uid {uid}, not by us"
     argv = _argv(pid)
-    ours = len(argv) >= 2 and os.path.realpath(argv[1]) == STANDBY
+    ours = len(argv) >= 2 and os.path.realpath(argv[1]) == KEEPER
     return "" if ours else f"the keeper's socket is served by pid {pid}, not a keeper of ours"
 
 
@@ -327,7 +327,7 @@ def prepare_standby(
             note(f"no warm standby: {problem}")
             return None
     python = spec.argv[0]
-    ahead = warm_imports.read(task_dir) if spec.warm_imports else []
+    ahead = imports_ahead.read(task_dir) if spec.warm_imports else []
     keeper.request({"op": "prepare", "fingerprint": fingerprint(env, python, spec.env),
                     "env": standby_env(env), "python": python, "imports": ahead,
                     "log": f"{task_dir}/standby.log"})  # fmt: skip
@@ -341,7 +341,7 @@ def start_keeper(
     user's next job, so it carries no job id) and connect to it; (None, why) when it cannot be
     used."""
     job_id, task_index = spec.job_id, spec.task_index
-    argv = [sys.executable, STANDBY, job_id, str(task_index), str(spec.standby_linger), log,
+    argv = [sys.executable, KEEPER, job_id, str(task_index), str(spec.standby_linger), log,
             str(spec.keep_standbys), str(spec.keep_standbys_bytes)]  # fmt: skip
     with open(log, "ab") as out:
         subprocess.Popen(
