@@ -141,3 +141,76 @@ def test_only_the_job_state_machine_writes_a_jobs_state_or_cause() -> None:
             ):
                 writes.append(f"{rel}:{node.lineno}: {ast.unparse(node)}")
     assert writes == []
+
+
+# orchestrator/'s folders, lowest first: a module imports only from its own folder or below.
+LAYERS = (
+    ("errors",),
+    ("config",),
+    ("planning",),
+    ("state",),
+    ("transport",),
+    ("logs",),
+    ("backends",),
+    ("supervision",),
+    ("commands", "api"),  # the Python API and the CLI over it: one layer
+    ("__main__",),
+)
+
+
+def _layer(module: str) -> int:
+    folder = module.split(".")[1]
+    return next(i for i, names in enumerate(LAYERS) if folder in names)
+
+
+def test_every_module_is_in_a_folder_of_a_layer_and_no_import_runs_up() -> None:
+    paths = {module_name(p): p for p in sources()}
+    known = set(paths)
+    ours = {n for n in paths if n.startswith("orchestrator.")}
+    unplaced = [n for n in ours if not any(n.split(".")[1] in names for names in LAYERS)]
+    assert unplaced == []
+    upward = [
+        f"{name} -> {imported}"
+        for name in sorted(ours)
+        for imported in sorted(imported_modules(paths[name], known))
+        if imported in ours and _layer(imported) > _layer(name)
+    ]
+    assert upward == []
+
+
+def _mapped(section: str, package: str) -> set[str]:
+    """The modules a section of docs/architecture.md's map names (first cells of its table; a
+    folder named with a trailing / stands for every module in it)."""
+    named: set[str] = set()
+    for line in section.splitlines():
+        if not line.startswith("| `"):
+            continue
+        for item in re.findall(r"`([\w/.]+)`", line.split(" | ")[0]):
+            if item.endswith("/"):
+                folder = REPO / package / item
+                named |= {
+                    str(p.relative_to(REPO / package))
+                    for p in folder.rglob("*.py")
+                    if p.name != "__init__.py"
+                }
+                named.add(item)
+            else:
+                named.add(item)
+    return named
+
+
+def test_the_architecture_map_names_every_module_and_only_those() -> None:
+    text = (REPO / "docs" / "architecture.md").read_text()
+    for package in PACKAGES:
+        heading = f"### `{package}/`"
+        assert heading in text, heading
+        section = text.split(heading, 1)[1].split("\n### ", 1)[0]
+        named = _mapped(section, package)
+        modules = {
+            str(p.relative_to(REPO / package))
+            for p in (REPO / package).rglob("*.py")
+            if p.name != "__init__.py"
+        }
+        folders = {n for n in named if n.endswith("/")}
+        assert sorted(modules - named) == [], f"{package}/ modules missing from the map"
+        assert sorted(n for n in named - modules - folders) == [], f"{package}/: named, absent"
