@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from orchestrator.backends.agents import AgentRef
+from orchestrator.backends.capabilities import Capabilities
 from orchestrator.config import load_config
 from orchestrator.config.timing import Timing
 from orchestrator.errors import TransportError
@@ -76,6 +77,7 @@ class MemoryHost:
 
 class MemoryBackend:
     kind = "memory"
+    capabilities = Capabilities(warm_restarts=False)
 
     def __init__(self) -> None:
         barrier = threading.Barrier(HOSTS)

@@ -29,6 +29,9 @@ class LaunchRequest:
     attempt: int
     hosts: tuple[int, ...]
     force: bool = False  # `launch --force`: GPUs busy with other programs are used anyway
+    # Whether restarts may be warm, decided once for the job (the config and the backend's
+    # capabilities): keepers start, and every spec says so.
+    warm: bool = False
 
 
 class LaunchHooks(Protocol):

@@ -45,7 +45,6 @@ from orchestrator.backends.slurm_step import Hello, Step
 from orchestrator.config import ClusterConfig, SlurmBackend, slurm_node_label
 from orchestrator.errors import LaunchError, OrchestrateError, PreflightError, TransportError
 from orchestrator.planning.plan import StepTask, step_plan
-from orchestrator.planning.task_specs import warm_restarts
 from orchestrator.state.store import JobRecord
 from orchestrator.transport import worker_package
 from orchestrator.transport.base import Observation, ProcessRef, Watching
@@ -238,7 +237,7 @@ class SlurmHosts:
             self.transport(0).put_file(
                 str(layout.spec_path(spec.task_index)), spec.to_json().encode()
             )
-        if warm_restarts(config, self):  # after the attempt's step: not to delay its start
+        if request.warm:  # after the attempt's step: not to delay its start
             self.start_keepers(config, request.job_id, layout)
         return Launched(plan, agents)
 

@@ -64,6 +64,11 @@ class LogTailer:
                 tailer._cutting = held.read(1) != b"\n"
         return tailer
 
+    def read_through(self, transport: Transport) -> None:
+        """Read the same file on from here through this transport (the task's host of a new
+        attempt): the offset and a partial line carry over."""
+        self.transport = transport
+
     def poll(self) -> list[bytes]:
         return self.feed(self.transport.read_file(self.path, self.offset))
 

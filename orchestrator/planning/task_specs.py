@@ -50,8 +50,11 @@ def make_specs(
     attempt: int,
     backend: SpecHosts,
     since_launch: float = 0.0,
+    *,
+    warm: bool | None = None,  # decided for the job (SupervisionContext); None: decide here
 ) -> list[WorkerSpec]:
     sup = config.supervision
+    warm = warm_restarts(config, backend) if warm is None else warm
     return [
         WorkerSpec(
             job_id=job_id,
@@ -74,7 +77,7 @@ def make_specs(
             preemption_exit_code=config.restart.preemption_exit_code,
             instrument=config.entrypoint.instrument,
             orphan_timeout=orphan_timeout(config, backend),
-            warm_restart=warm_restarts(config, backend),
+            warm_restart=warm,
             warm_imports=config.restart.warm_imports,
             standby_delay=config.restart.standby_delay,
             # The keeper waits out the longest restart gap: the backoff, then the preflight.

@@ -11,24 +11,26 @@ import dataclasses
 import threading
 import time
 from collections.abc import Collection, Sequence
+from typing import TYPE_CHECKING
 
-from orchestrator.backends import Backend, LaunchRequest
+from orchestrator.backends import LaunchRequest
 from orchestrator.backends.agents import AgentRef
 from orchestrator.backends.preflight import HostReport, shared_dir_trouble
-from orchestrator.config import ClusterConfig
 from orchestrator.errors import OrchestrateError
-from orchestrator.logs.logstream import LineSink, LogTailer
+from orchestrator.logs.logstream import LogTailer
 from orchestrator.planning.plan import LaunchPlan, TaskPlan
-from orchestrator.planning.task_specs import job_layout, make_specs, warm_restarts
+from orchestrator.planning.task_specs import make_specs
 from orchestrator.state.job_records import task_records
-from orchestrator.state.job_state import JobStateMachine
 from orchestrator.state.states import TaskState
-from orchestrator.state.store import Store, TaskRecord
+from orchestrator.state.store import TaskRecord
 from orchestrator.supervision.attempt import Attempt, Watch
 from orchestrator.supervision.observations import Decision
 from orchestrator.supervision.stop_outcome import running, tasks_after_stop
 from orchestrator.supervision.tick import Tick
 from worker.spec import WorkerSpec
+
+if TYPE_CHECKING:
+    from orchestrator.supervision.context import SupervisionContext
 
 # A group that failed is broken (MWMS collectives cannot complete): no checkpoint can be taken,
 # and a trainer blocked in a collective ignores SIGTERM anyway. So its tasks get only a moment
@@ -44,24 +46,18 @@ UNINSTRUMENTED_NOTICE = (
 
 class AttemptControl:
     def __init__(
-        self,
-        store: Store,
-        job_state: JobStateMachine,
-        config: ClusterConfig,
-        backend: Backend,
-        tick: Tick,
-        sink: LineSink,
-        stop_requested: threading.Event,
+        self, ctx: SupervisionContext, tick: Tick, stop_requested: threading.Event
     ) -> None:
-        self.store = store
-        self.job_state = job_state
-        self.job_id = job_state.job_id
-        self.config = config
-        self.backend = backend
+        self.ctx = ctx
+        self.store = ctx.store
+        self.job_state = ctx.job_state
+        self.job_id = ctx.job_id
+        self.config = ctx.config
+        self.backend = ctx.backend
         self.tick = tick
-        self.sink = sink
+        self.sink = ctx.sink
         self.stop_requested = stop_requested
-        self.layout = job_layout(config, self.job_id)
+        self.layout = ctx.layout
         self._tailers: dict[int, LogTailer] = {}  # by task: every attempt appends to its log
         self._live: Attempt | None = None  # the attempt started and not yet stopped
         self._leftovers: list[AgentRef] = []  # agents of earlier attempts we could not stop
@@ -78,8 +74,9 @@ class AttemptControl:
         self.stop_leftovers(hosts)  # before the preflight: they may hold its ports
         job = self.store.get_job(self.job_id)
         request = LaunchRequest(
-            self.config, self.job_id, self.layout, number, tuple(hosts), force=job.forced
-        )
+            self.config, self.job_id, self.layout, number, tuple(hosts), force=job.forced,
+            warm=self.ctx.warm,
+        )  # fmt: skip
         hooks = _Hooks(self, number, since_launch=time.time() - job.created)
         self._starting = []
         try:
@@ -121,7 +118,7 @@ class AttemptControl:
         restart appends to each task's log), on the task's host of this attempt."""
         for t in plan.tasks:
             if t.index in self._tailers:
-                self._tailers[t.index].transport = self.backend.transport(t.host_index)
+                self._tailers[t.index].read_through(self.backend.transport(t.host_index))
             else:
                 self._tailers[t.index] = self._tailer(t.index, t.host_index)
         return self._tailers
@@ -142,7 +139,9 @@ class AttemptControl:
         if number == 0 and not self.config.entrypoint.instrument:
             self.store.add_event(self.job_id, "notice", UNINSTRUMENTED_NOTICE)
             self.sink.info(UNINSTRUMENTED_NOTICE)
-        return make_specs(self.config, plan, self.job_id, number, self.backend, since_launch)
+        return make_specs(
+            self.config, plan, self.job_id, number, self.backend, since_launch, warm=self.ctx.warm
+        )
 
     def record_agent(self, agent: AgentRef) -> None:
         """An agent just started (on a launch thread): into the store at once, so that no
@@ -210,7 +209,7 @@ class AttemptControl:
     def end_standbys(self) -> None:
         """At the job's end: the warm standbys' keepers (worker/warm/keeper.py) would wait for a
         next attempt that will not come."""
-        if warm_restarts(self.config, self.backend):
+        if self.ctx.warm:
             self.backend.end_standbys(self.job_id)
 
     @property

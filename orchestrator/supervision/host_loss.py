@@ -10,18 +10,16 @@ from __future__ import annotations
 import time
 from collections.abc import Collection
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
-from orchestrator.backends import Backend
-from orchestrator.config import ClusterConfig
-from orchestrator.config.timing import Timing
 from orchestrator.errors import OrchestrateError
-from orchestrator.logs.logstream import LineSink
 from orchestrator.planning.plan import host_labels, initial_hosts, task_slots
 from orchestrator.state.host_pool import REPLACE_AFTER_FAILURES, HostPool, HostRole
-from orchestrator.state.job_state import JobStateMachine
-from orchestrator.state.store import Store
 from orchestrator.supervision.attempt import Attempt
 from orchestrator.supervision.observations import Decision, FailureKind, failure
+
+if TYPE_CHECKING:
+    from orchestrator.supervision.context import SupervisionContext
 
 # Re-probing a lost host: the first wait, doubling up to the last.
 PROBE_BACKOFF = (1.0, 15.0)
@@ -34,26 +32,19 @@ class HostWaitExpired(OrchestrateError):
 
 
 class Hosts:
-    def __init__(
-        self,
-        store: Store,
-        job_state: JobStateMachine,
-        config: ClusterConfig,
-        backend: Backend,
-        sink: LineSink,
-    ) -> None:
-        self.store = store
-        self.job_state = job_state
-        self.job_id = job_id = job_state.job_id
-        self.config = config
-        self.backend = backend
-        self.sink = sink
-        self.timing = Timing.of(config.supervision)
+    def __init__(self, ctx: SupervisionContext) -> None:
+        self.store = ctx.store
+        self.job_state = ctx.job_state
+        self.job_id = job_id = ctx.job_id
+        self.config = config = ctx.config
+        self.backend = ctx.backend
+        self.sink = ctx.sink
+        self.timing = ctx.timing
         self.labels = host_labels(config)
         self.gpu_counts: dict[int, int] = {}  # GPUs each host had at its latest preflight
         self._delay = PROBE_BACKOFF[0]  # the next wait for an unreachable host
         self._waiting_said: set[int] = set()
-        stored = HostPool.from_json(store.get_job(job_id).hosts_json)
+        stored = HostPool.from_json(ctx.store.get_job(job_id).hosts_json)
         spares = set(range(len(self.labels))) - set(initial_hosts(config))
         self.pool = stored or HostPool.initial(self.labels, spares)
         self._probe: Future[list[int]] | None = None

@@ -24,7 +24,6 @@ from types import FrameType
 from orchestrator.backends import Backend, open_backend
 from orchestrator.backends.agents import AGENT_STOP_MARGIN
 from orchestrator.config import ClusterConfig
-from orchestrator.config.timing import Timing
 from orchestrator.errors import (
     REFUSED_EVENT,
     AllocationEnded,
@@ -33,8 +32,6 @@ from orchestrator.errors import (
     PreflightError,
 )
 from orchestrator.logs.logstream import LineSink
-from orchestrator.planning.task_specs import job_layout
-from orchestrator.state.job_state import JobStateMachine
 from orchestrator.state.paths import collected_dir, report_png
 from orchestrator.state.states import JobState, TaskState
 from orchestrator.state.store import JobRecord, Store
@@ -42,6 +39,7 @@ from orchestrator.supervision.agent_errors import name_agent_errors
 from orchestrator.supervision.attempt import Attempt
 from orchestrator.supervision.attempt_control import BROKEN_GROUP_GRACE, AttemptControl
 from orchestrator.supervision.collect import collect_job
+from orchestrator.supervision.context import SupervisionContext
 from orchestrator.supervision.host_loss import Hosts, HostWaitExpired
 from orchestrator.supervision.hung_stacks import take_stacks
 from orchestrator.supervision.monitor import decide
@@ -64,25 +62,23 @@ class Supervisor:
         sink: LineSink,
         backend: Backend | None = None,
     ) -> None:
+        ctx = SupervisionContext.of(store, job.id, config, backend or open_backend(config), sink)
+        self.ctx = ctx
         self.store = store
         self.job = job
         self.config = config
         self.sink = sink
-        self.backend = backend or open_backend(config)
+        self.backend = ctx.backend
+        self.layout = ctx.layout
+        self.job_state = ctx.job_state
         self.stop_requested = threading.Event()
         self.stopped_by: int | None = None  # the first signal that asked for the stop
-        self.layout = job_layout(config, job.id)
         self.attempt = job.attempt
-        self.tick = Tick(
-            store, job.id, self.backend, self.layout, sink,
-            instrumented=config.entrypoint.instrument, timing=Timing.of(config.supervision),
-        )  # fmt: skip
-        self.job_state = JobStateMachine(store, job.id)  # the only writer of the job's state
-        self.attempts = AttemptControl(
-            store, self.job_state, config, self.backend, self.tick, sink, self.stop_requested
-        )
-        self.hosts = Hosts(store, self.job_state, config, self.backend, sink)
+        self.tick = Tick(ctx)
+        self.attempts = AttemptControl(ctx, self.tick, self.stop_requested)
+        self.hosts = Hosts(ctx)
         self.notifier = Notifier(config.notify, store, job.id)
+        self._given_back = False  # backend.finish: once, whichever way the job ends
 
     def install_signal_handlers(self) -> None:
         def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -127,7 +123,7 @@ class Supervisor:
             self._fail_on_error(f"internal error: {type(exc).__name__}: {exc}")
             raise
         finally:  # however it ended: so does what the backend holds for it
-            self.backend.finish(self.layout, self.job_state.state == JobState.SUCCEEDED)
+            self._give_back(self.job_state.state == JobState.SUCCEEDED)
             self.hosts.close()
             self.notifier.close()
             self.sink.close()
@@ -365,8 +361,13 @@ class Supervisor:
         except (OSError, OrchestrateError) as exc:
             self.store.add_event(self.job.id, "collect_failed", str(exc))
 
+    def _give_back(self, succeeded: bool) -> None:
+        if not self._given_back:
+            self._given_back = True
+            self.backend.finish(self.layout, succeeded)
+
     def _finish(self, state: JobState, cause: str) -> None:
-        self.backend.finish(self.layout, state == JobState.SUCCEEDED)  # before the job says so
+        self._give_back(state == JobState.SUCCEEDED)  # before the job says so
         self.attempts.end_standbys()
         self.job_state.to(state, last_cause=cause)
         self.store.add_event(self.job.id, state.value, cause)

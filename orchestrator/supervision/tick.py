@@ -14,39 +14,30 @@ import dataclasses
 import queue
 import time
 from collections.abc import Collection
+from typing import TYPE_CHECKING
 
 from orchestrator.backends.agents import AgentRef, TransportHosts
-from orchestrator.config.timing import Timing
-from orchestrator.logs.logstream import LineSink
-from orchestrator.state.store import Store
 from orchestrator.supervision.attempt import Attempt, agents_by_host
 from orchestrator.supervision.host_poller import HostPoller, PollResult, PollTarget
 from orchestrator.supervision.ingest import Ingest
 from orchestrator.supervision.observations import TaskObservation
 from orchestrator.transport.fanout import Fanout
 from worker import host_watch
-from worker.spec import JobLayout
+
+if TYPE_CHECKING:
+    from orchestrator.supervision.context import SupervisionContext
 
 
 class Tick:
     """The reads and bookkeeping of a job's rounds; it keeps the host pollers of the attempt
     being watched, and a thread pool for one-off rounds."""
 
-    def __init__(
-        self,
-        store: Store,
-        job_id: str,
-        backend: TransportHosts,
-        layout: JobLayout,
-        sink: LineSink,
-        *,
-        instrumented: bool,
-        timing: Timing,
-    ) -> None:
-        self.backend = backend
-        self.layout = layout
-        self.timing = timing
-        self._ingest = Ingest(store, job_id, sink, instrumented)
+    def __init__(self, ctx: SupervisionContext) -> None:
+        self.backend: TransportHosts = ctx.backend
+        self.layout = ctx.layout
+        self.timing = ctx.timing
+        instrumented = ctx.config.entrypoint.instrument
+        self._ingest = Ingest(ctx.store, ctx.job_id, ctx.sink, instrumented)
         self.fanout = Fanout()  # one-off rounds: every host read at once
         self._pollers: list[HostPoller] = []
         self._answers: queue.SimpleQueue[PollResult] = queue.SimpleQueue()

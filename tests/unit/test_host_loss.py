@@ -10,13 +10,16 @@ import pytest
 
 from orchestrator.backends.agents import AgentRef
 from orchestrator.config import ClusterConfig, parse_config
+from orchestrator.config.timing import Timing
 from orchestrator.logs.logstream import LineSink
 from orchestrator.planning.plan import LaunchPlan, TaskPlan
+from orchestrator.planning.task_specs import job_layout
 from orchestrator.state.host_pool import HostRole
 from orchestrator.state.job_records import register_job
 from orchestrator.state.job_state import JobStateMachine
 from orchestrator.state.store import Store
 from orchestrator.supervision.attempt import Attempt, Watch
+from orchestrator.supervision.context import SupervisionContext
 from orchestrator.supervision.host_loss import PROBE_BACKOFF, Hosts, HostWaitExpired
 from orchestrator.supervision.observations import FailureKind
 
@@ -38,7 +41,11 @@ def hosts_for(tmp_path: Path, cfg: ClusterConfig) -> tuple[Hosts, Store, str]:
     store = Store(tmp_path / "s.db")
     job = register_job(store, cfg, str(tmp_path / "cluster.toml"))
     sink = LineSink(tmp_path / "copies", io.StringIO())
-    return Hosts(store, JobStateMachine(store, job.id), cfg, None, sink), store, job.id  # type: ignore[arg-type]
+    ctx = SupervisionContext(
+        store, JobStateMachine(store, job.id), cfg, None, sink,  # type: ignore[arg-type]
+        job_layout(cfg, job.id), Timing.of(cfg.supervision), warm=False,
+    )  # fmt: skip
+    return Hosts(ctx), store, job.id
 
 
 def attempt_on(hosts: tuple[int, ...], watch: Watch) -> Attempt:
