@@ -16,17 +16,22 @@ from orchestrator.errors import TransportError
 from orchestrator.state.paths import user_umask
 from orchestrator.transport import worker_package
 from orchestrator.transport.base import CommandResult, Observation, ProcessRef, Watching
+from orchestrator.transport.host_ops import HostOps
 from worker import host_watch, hostd, proctl
 from worker.atomic import makedirs_private, write_bytes_atomic
 
+# Questions about this machine's processes: answered the same from any of its interpreters
+# (they read /proc and send signals), so in this process even where the job has its own.
+IN_PROCESS_OPS = frozenset({"alive", "stop", "stop_job"})
 
-class LocalTransport:
+
+class LocalTransport(HostOps):
     def __init__(self, host_label: str = "local", python: str = sys.executable) -> None:
         self.host_label = host_label
         self.python = python
 
     def worker_call(self, op: str, args: dict[str, Any], timeout: float | None = None) -> Any:
-        if self.python == sys.executable:  # the same interpreter: no process needed
+        if self.python == sys.executable or op in IN_PROCESS_OPS:  # no process needed
             try:
                 return hostd.handle(op, args)
             except (OSError, ValueError, KeyError) as exc:
@@ -130,9 +135,6 @@ class LocalTransport:
         except FileNotFoundError:
             return None
 
-    def alive_pids(self, procs: Sequence[ProcessRef]) -> set[int]:
-        return proctl.alive([p.pid for p in procs], [p.ident for p in procs])
-
     def observe(
         self,
         procs: Sequence[ProcessRef] | None,
@@ -143,12 +145,6 @@ class LocalTransport:
     ) -> Observation:
         # One machine: no partition to guard against, so no contact to record.
         return watch_here(procs, files, watching, proctl.alive)
-
-    def stop_process_group(self, leader: ProcessRef, grace: float) -> bool:
-        return proctl.stop_group(leader.pid, grace, leader.ident)
-
-    def stop_job(self, job_id: str, grace: float) -> list[int]:
-        return proctl.stop_job(job_id, grace)
 
     def close(self) -> None:
         pass

@@ -29,6 +29,7 @@ from orchestrator.config import SshBackend, SshHost
 from orchestrator.errors import TransportError
 from orchestrator.transport import worker_package
 from orchestrator.transport.base import CommandResult, Observation, ProcessRef, Watching
+from orchestrator.transport.host_ops import HostOps
 from orchestrator.transport.ssh.connect import (
     NETWORK_ERRORS,
     close_hops,
@@ -43,7 +44,7 @@ from orchestrator.transport.ssh.host_keys import (
 _T = TypeVar("_T")
 
 
-class SshTransport:
+class SshTransport(HostOps):
     """One host, one reused SSH connection."""
 
     def __init__(
@@ -66,6 +67,7 @@ class SshTransport:
         self._helper: HelperClient | None = None
         self._helper_lock = threading.Lock()
         self.python = host.python or backend.python
+        self.quick_timeout = backend.connect_timeout + 5
 
     # --- connection -------------------------------------------------------------------
     def _connect(self) -> paramiko.Transport:
@@ -316,21 +318,6 @@ class SshTransport:
             self.close()
             raise TransportError(f"{self.host_label}: observe failed: {exc}") from None
         return _observation_of(reply)
-
-    def alive_pids(self, procs: Sequence[ProcessRef]) -> set[int]:
-        if not procs:
-            return set()
-        timeout = self.backend.connect_timeout + 5
-        args = {"pids": [p.pid for p in procs], "idents": [p.ident for p in procs]}
-        return set(self.worker_call("alive", args, timeout))
-
-    def stop_process_group(self, leader: ProcessRef, grace: float) -> bool:
-        args = {"pgid": leader.pid, "grace": grace, "ident": leader.ident}
-        return bool(self.worker_call("stop", args, grace + 30))
-
-    def stop_job(self, job_id: str, grace: float) -> list[int]:
-        left = self.worker_call("stop_job", {"job_id": job_id, "grace": grace}, grace + 30)
-        return [int(pid) for pid in left]
 
 
 def _sftp_makedirs(sftp: paramiko.SFTPClient, path: str) -> None:
