@@ -4,7 +4,7 @@ the coordinator's monotonic clock; no host's clock is ever compared with ours. P
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -18,14 +18,9 @@ class HostsSeen(Protocol):
     """What the supervisor has seen of an attempt's hosts
     (orchestrator.supervision.attempt.Watch)."""
 
-    @property
-    def started(self) -> float: ...  # the attempt's start: a host never read counts from it
+    def silent_for(self, host: int, now: float) -> float: ...  # since its last good read
 
-    @property
-    def host_ok(self) -> Mapping[int, float]: ...  # host -> its last read that worked
-
-    @property
-    def host_error(self) -> Mapping[int, str]: ...  # host -> why its last read failed
+    def failing(self, host: int) -> bool: ...  # its last read failed
 
 
 @dataclass(frozen=True)
@@ -50,22 +45,17 @@ class Timing:
         """Hosts whose reads have failed for host_timeout (counted from the attempt's start for a
         host never read yet): lost, whatever their tasks last said."""
         return sorted(
-            h for h in hosts if h in seen.host_error and _silent(seen, h, now) >= self.host_timeout
+            h for h in hosts if seen.failing(h) and seen.silent_for(h, now) >= self.host_timeout
         )
 
     def overdue_hosts(self, hosts: Iterable[int], seen: HostsSeen, now: float) -> list[int]:
         """Hosts that have neither answered within a keep-alive (and a read's margin) nor failed
         a read: the stop should wait for them to say which they are."""
         margin = self.keepalive + MIN_READ_TIMEOUT
-        return [h for h in hosts if h not in seen.host_error and _silent(seen, h, now) > margin]
+        return [h for h in hosts if not seen.failing(h) and seen.silent_for(h, now) > margin]
 
     def orphan_timeout(self) -> float:
         """How long an agent cut off from the coordinator and every peer trains on: well past
         the moment the coordinator gives its host up (host_timeout), so that only a real
         partition, never a slow tick, stops a trainer."""
         return 2 * self.host_timeout + 5.0
-
-
-def _silent(seen: HostsSeen, host: int, now: float) -> float:
-    """Seconds since the host last answered (since the attempt began, if it never has)."""
-    return now - seen.host_ok.get(host, seen.started)

@@ -40,7 +40,7 @@ def name_agent_errors(
     said = []
     for index in decision.tasks:
         host = attempt.plan.tasks[index].host_index
-        if host in attempt.watch.host_error:  # not answering: nothing to read there
+        if attempt.watch.failing(host):  # not answering: nothing to read there
             continue
         path = str(layout.task_dir(index) / "agent.log")
         try:

@@ -18,7 +18,8 @@ from worker.spec import TaskStatus
 @dataclass
 class Watch:
     """Per-attempt bookkeeping of what the supervisor has seen (coordinator clock). Written by
-    the ingest alone, one round at a time (ingest.py); everything else reads it."""
+    the ingest alone, one round at a time (ingest.py); everything else reads it through the
+    methods below."""
 
     started: float
     seq: dict[int, int] = field(default_factory=dict)
@@ -34,6 +35,37 @@ class Watch:
     raw_status: dict[int, bytes | None] = field(default_factory=dict)
     status: dict[int, TaskStatus | None] = field(default_factory=dict)  # parsed, this attempt's
     resources_kept: dict[int, float] = field(default_factory=dict)  # task -> when kept (monotonic)
+
+    # --- what the rest reads (the fields above are the ingest's) -------------------------
+    def elapsed(self, now: float) -> float:
+        """Seconds since the attempt began."""
+        return now - self.started
+
+    def silent_for(self, host: int, now: float) -> float:
+        """Seconds since the host's last good read (since the attempt began, if none)."""
+        return now - self.host_ok.get(host, self.started)
+
+    def answered_ago(self, host: int, now: float) -> float:
+        """Seconds since the host's last good read (0 if it never answered)."""
+        return now - self.host_ok.get(host, now)
+
+    def failing(self, host: int) -> bool:
+        """The host's last read failed."""
+        return host in self.host_error
+
+    def failing_hosts(self) -> set[int]:
+        return set(self.host_error)
+
+    def why_failing(self, host: int) -> str:
+        return self.host_error.get(host, "")
+
+    def statuses(self) -> dict[int, TaskStatus | None]:
+        """Each task's status as last read in this attempt."""
+        return dict(self.status)
+
+    def last_reported(self, task: int, key: str) -> object:
+        """What the task last reported for `key` (its row in the store: epoch, step, ...)."""
+        return self.last.get(task, {}).get(key)
 
 
 @dataclass(frozen=True)

@@ -234,7 +234,7 @@ class AttemptControl:
         hosts = [
             attempt.plan.tasks[i].host_index
             for i in decision.tasks
-            if attempt.plan.tasks[i].host_index not in attempt.watch.host_error  # not answering
+            if not attempt.watch.failing(attempt.plan.tasks[i].host_index)  # not answering
         ]
         if not hosts:
             return decision

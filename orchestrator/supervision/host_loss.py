@@ -76,7 +76,7 @@ class Hosts:
             return None
         parts = [
             f"{self.labels[h]} unreachable for "
-            f"{now - watch.host_ok.get(h, watch.started):.1f}s ({watch.host_error.get(h, '')})"
+            f"{watch.silent_for(h, now):.1f}s ({watch.why_failing(h)})"
             for h in lost
         ]
         tasks = tuple(a.task_index for a in attempt.agents if a.host_index in lost)
@@ -90,8 +90,7 @@ class Hosts:
         pool = self.pool
         for h in decision.hosts if decision.kind == FailureKind.HOST_LOST and attempt else ():
             assert attempt is not None
-            last_ok = attempt.watch.host_ok.get(h, attempt.watch.started)
-            pool = pool.unreachable(h, wall - (mono - last_ok))
+            pool = pool.unreachable(h, wall - attempt.watch.silent_for(h, mono))
         if attempt is not None and decision.kind not in (FailureKind.HOST_LOST, FailureKind.REGROW):
             failing = {attempt.plan.tasks[i].host_index for i in decision.tasks}
             for h in failing:
@@ -192,7 +191,7 @@ class Hosts:
         out = self.pool.with_role(HostRole.OUT)
         if not (self.config.restart.regrow and out):
             return None
-        epoch = attempt.watch.last.get(0, {}).get("epoch")
+        epoch = attempt.watch.last_reported(0, "epoch")
         if self._back_at_epoch is not None:
             if isinstance(epoch, int) and epoch > self._back_at_epoch:
                 names = ", ".join(self.labels[h] for h in out)

@@ -198,7 +198,7 @@ class Supervisor:
                 graceful = preempted or regrow
                 grace = self.config.supervision.stop_grace if graceful else BROKEN_GROUP_GRACE
                 lost = set(decision.hosts) if decision.kind == FailureKind.HOST_LOST else set()
-                self.attempts.stop(attempt, grace, lost | set(attempt.watch.host_error))
+                self.attempts.stop(attempt, grace, lost | attempt.watch.failing_hosts())
             if regrow:
                 self.hosts.grow_back(decision)
             else:
@@ -280,7 +280,7 @@ class Supervisor:
             lost = self.hosts.lost(attempt)
             if lost is not None:  # before the rules: its tasks' errors follow from it
                 return lost
-            elapsed = time.monotonic() - watch.started
+            elapsed = watch.elapsed(time.monotonic())
             decision = decide(
                 observations,
                 elapsed=elapsed,
@@ -302,14 +302,14 @@ class Supervisor:
         back, and when it no longer does; never a failure."""
         # Evidence only while every task trains: in the first seconds, and in the last ones
         # (the chief saving, or gone), the shares of waiting say nothing about a straggler.
-        watch = attempt.watch
-        training = list(watch.status.values())
+        statuses = attempt.watch.statuses()
+        training = list(statuses.values())
         if len(training) < len(attempt.plan.tasks) or not all(
             s is not None and s.state == AgentState.RUNNING and s.progress.phase == Phase.TRAINING
             for s in training
         ):
             return
-        resources = {i: s.resources if s else None for i, s in watch.status.items()}
+        resources = {i: s.resources if s else None for i, s in statuses.items()}
         hosts = {t.index: t.host_index for t in attempt.plan.tasks}
         changes = stragglers.judge(time.monotonic(), resources, hosts)
         for change in changes:
@@ -343,7 +343,7 @@ class Supervisor:
         self.sink.info("stop requested: stopping every task")
         if attempt is not None:  # else between attempts: only what earlier stops left
             grace = self.config.supervision.stop_grace + AGENT_STOP_MARGIN
-            self.attempts.stop(attempt, grace, set(attempt.watch.host_error))
+            self.attempts.stop(attempt, grace, attempt.watch.failing_hosts())
         stuck = self.attempts.leftovers
         if stuck:  # not confirmed: the job stays STOPPING, and says what a later stop must do
             hosts = sorted({self.hosts.labels[a.host_index] for a in stuck})

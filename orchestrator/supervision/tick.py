@@ -121,7 +121,7 @@ class Tick:
         def read(h: int) -> PollResult:
             target = self._target(h, by_host[h])
             offsets = tuple(attempt.tailers[a.task_index].offset for a in by_host[h])
-            timeout = self.timing.read_timeout(0.0, now - watch.host_ok.get(h, now))
+            timeout = self.timing.read_timeout(0.0, watch.answered_ago(h, now))
             files = [*zip(target.logs, offsets, strict=True),
                      *((path, 0) for path in target.statuses)]  # fmt: skip
             seen = self.backend.transport(h).observe(
