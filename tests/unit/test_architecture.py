@@ -214,3 +214,24 @@ def test_the_architecture_map_names_every_module_and_only_those() -> None:
         folders = {n for n in named if n.endswith("/")}
         assert sorted(modules - named) == [], f"{package}/ modules missing from the map"
         assert sorted(n for n in named - modules - folders) == [], f"{package}/: named, absent"
+
+
+WATCH_FIELDS = (
+    "seq", "seq_changed", "step", "step_changed", "first_step", "last", "host_ok", "host_error",
+    "seen", "raw_status", "status", "resources_kept", "started",
+)  # fmt: skip
+# The ingest writes an attempt's Watch; attempt_control makes it (an adopted attempt's tasks
+# may be past their first step); attempt.py reads it for everyone else.
+WATCH_ROOMS = ("ingest.py", "attempt.py", "attempt_control.py")
+
+
+def test_only_the_ingest_touches_a_watchs_fields_and_the_rest_ask_it() -> None:
+    reads = []
+    pattern = re.compile(r"\bwatch\.(" + "|".join(WATCH_FIELDS) + r")\b")
+    for path in sorted((REPO / "orchestrator").rglob("*.py")):
+        if path.parent.name == "supervision" and path.name in WATCH_ROOMS:
+            continue
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            if pattern.search(line):
+                reads.append(f"{path.relative_to(REPO)}:{n}: {line.strip()}")
+    assert reads == []
