@@ -46,8 +46,10 @@ def _local_processes(backend_type: str) -> bool:
 
 def _allocation(job: JobRecord) -> str | None:
     """The backend's name for what it holds for the job (a Slurm job id); None: nothing."""
+    if not job.backend_state:  # most jobs: no backend imported for status
+        return None
     plugin = _plugin(job.backend)
-    return plugin.allocation(job.backend_state) if plugin and job.backend_state else None
+    return plugin.allocation(job.backend_state) if plugin else None
 
 
 def job_view(job: JobRecord, tasks: list[TaskRecord], now: float) -> dict[str, Any]:
