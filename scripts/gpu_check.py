@@ -1,7 +1,7 @@
 """The GPU check, for a machine with NVIDIA GPUs: the example's kind of job on the local
 backend with `gpus_per_task`, and the same script started by hand, side by side.
 
-    python scripts/gpu_check.py [--workers 2] [--epochs 3]
+    python -m scripts.gpu_check [--workers 2] [--epochs 3]
 
 Prints, per task: CUDA_VISIBLE_DEVICES, the GPUs TensorFlow sees, the NVML samples in
 `orchestrate status --json`; then the first-step time and steps/s of the job against the same
@@ -21,9 +21,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench_measure import free_ports  # scripts/: beside this one
+from scripts.benchmarks.measure import free_ports
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[1]
 
 # A plain MWMS Keras script (imports nothing of orchestrate's): says what it sees, times its
 # first step and its steady steps/s.

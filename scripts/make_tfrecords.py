@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Write scikit-learn's bundled digits as equal-sized TFRecord shards, for the TFRecord example:
 
-    uv run python scripts/make_tfrecords.py runs/data --shards 8
+    uv run python -m scripts.make_tfrecords runs/data --shards 8
 
 Each record holds `image` (64 floats in [0, 1]), `label` (int64) and `id` (int64, the row).
 The held-out rows (the same split as the digits example) go to test-*.tfrecord.

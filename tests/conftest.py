@@ -21,6 +21,8 @@ from typing import Any
 
 import pytest
 
+from tests.beds import checked_signal
+
 REPO = Path(__file__).resolve().parent.parent
 FAKE = REPO / "tests" / "fixtures" / "fake_trainer.py"  # a trainer without TensorFlow
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
@@ -201,10 +203,9 @@ def job_processes(job_id: str) -> list[int]:
 def ssh_testbed(
     factory: pytest.TempPathFactory, hosts: int, epochs: int, name: str = "testbed"
 ) -> Iterator[Any]:
-    """scripts/testbed.py's hosts (network namespaces running sshd), torn down afterwards;
+    """tests/beds/ssh.py's hosts (network namespaces running sshd), torn down afterwards;
     skipped with the reason outside CI when this machine cannot make them, failed under CI."""
-    sys.path.insert(0, str(REPO / "scripts"))
-    import testbed as tb
+    from tests.beds import ssh as tb
 
     reason = tb.missing_requirements()
     if reason:
@@ -286,21 +287,13 @@ def reap_pids() -> Iterator[Reaped]:
 def signal_job_process(pid: int, job_id: str, sig: int, gone_ok: bool = False) -> None:
     """Signal a process of this test's job, checked right before through a pidfd (> 1, alive,
     the job's id in its environment, its warm trainer, or the standby of a keeper serving the
-    job): a pid reused by anyone else is never signalled (scripts/checked_signal.py)."""
-    checked_signal().signal_job_process(pid, job_id, sig, gone_ok)
+    job): a pid reused by anyone else is never signalled (tests/beds/checked_signal.py)."""
+    checked_signal.signal_job_process(pid, job_id, sig, gone_ok)
 
 
 def signal_supervisor(pid: int, job_id: str, sig: int) -> None:
     """Signal the job's background supervisor (its command line names the job), checked."""
-    checked_signal().signal_supervisor(pid, job_id, sig)
-
-
-def checked_signal() -> Any:
-    if str(REPO / "scripts") not in sys.path:
-        sys.path.insert(0, str(REPO / "scripts"))
-    import checked_signal as module
-
-    return module
+    checked_signal.signal_supervisor(pid, job_id, sig)
 
 
 def python_without_orchestrate(where: Path) -> Path:

@@ -1,4 +1,4 @@
-"""Keeps the benchmark suite working: `scripts/bench.py --quick` runs every row once. It checks
+"""Keeps the benchmark suite working: `python -m scripts.bench --quick` runs every row once. It checks
 that each row produced a figure (or says why it was skipped); it asserts no timing."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ BENCH_LIMIT = 1200  # seconds; the quick suite takes 3-5 minutes on 2 cores
 def test_quick_benchmark_produces_every_row(tmp_path: Path) -> None:
     out = tmp_path / "bench"
     proc = subprocess.Popen(
-        [sys.executable, str(REPO / "scripts" / "bench.py"), "--quick", "--out", str(out)],
+        [sys.executable, "-m", "scripts.bench", "--quick", "--out", str(out)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
         env={**os.environ, "ORCHESTRATE_HOME": str(tmp_path / "home")},
     )  # fmt: skip

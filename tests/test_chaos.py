@@ -1,7 +1,7 @@
-"""The chaos soak's quick mode (scripts/chaos.py --quick): about ten faults drawn from a seed on
+"""The chaos soak's quick mode (`python -m scripts.chaos --quick`): about ten faults drawn from a seed on
 real two-worker jobs of the local backend, every invariant checked. The seed is the date, so
 each day's run draws a new schedule; it is printed, and any failure replays with
-`python scripts/chaos.py --quick --seed S`."""
+`python -m scripts.chaos --quick --seed S`."""
 
 from __future__ import annotations
 
@@ -19,9 +19,9 @@ from tests.conftest import REPO
 @pytest.mark.timeout(1200)
 def test_the_quick_chaos_soak_recovers_from_every_fault_with_no_violation() -> None:
     seed = int(datetime.date.today().strftime("%Y%m%d"))
-    print(f"\n[chaos] seed {seed}: replay with python scripts/chaos.py --quick --seed {seed}")
+    print(f"\n[chaos] seed {seed}: replay with python -m scripts.chaos --quick --seed {seed}")
     out = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "chaos.py"), "--quick", "--seed", str(seed)],
+        [sys.executable, "-m", "scripts.chaos", "--quick", "--seed", str(seed)],
         capture_output=True, text=True, timeout=1100, cwd=REPO, check=False,
     )  # fmt: skip
     print(out.stdout[-4000:])

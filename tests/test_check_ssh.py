@@ -1,4 +1,4 @@
-"""`orchestrate check` on the namespaced SSH test bed (scripts/testbed.py): every host reaches
+"""`orchestrate check` on the namespaced SSH test bed (tests/beds/ssh.py): every host reaches
 every task port, then one port is blocked between two hosts only and exactly that pair fails,
 by name; nothing is registered and nothing is left on the hosts. Needs root, iproute2 and
 openssh-server: skipped with the reason where they are missing, failed under CI=true."""
@@ -13,10 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, CliResult, ssh_testbed, status_json, wait_for
-
-sys.path.insert(0, str(REPO / "scripts"))
-import testbed as tb
+from tests.beds import ssh as tb
+from tests.conftest import CliResult, ssh_testbed, status_json, wait_for
 
 pytestmark = pytest.mark.ssh
 BASE = 24500  # ports.base: worker-i listens on BASE on host hi (one slot each)

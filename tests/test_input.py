@@ -37,8 +37,8 @@ def test_tfrecord_example_trains_from_shards_on_the_shared_dir(
     tmp_path: Path, cli: Callable[..., CliResult]
 ) -> None:
     data = tmp_path / "shared" / "data"
-    made = subprocess.run([sys.executable, str(REPO / "scripts" / "make_tfrecords.py"), str(data),
-                           "--shards", "4"], capture_output=True, text=True, timeout=300)  # fmt: skip
+    made = subprocess.run([sys.executable, "-m", "scripts.make_tfrecords", str(data), "--shards",
+                           "4"], capture_output=True, text=True, timeout=300, cwd=REPO)  # fmt: skip
     assert made.returncode == 0, made.stderr[-2000:]
     assert len(list(data.glob("train-*.tfrecord"))) == 4
     path = tmp_path / "cluster.toml"

@@ -1,5 +1,5 @@
 """The Slurm backend against a real Slurm: slurmctld on this machine and one slurmd per network
-namespace (scripts/slurmbed.py), real srun steps, real TensorFlow MWMS training of a plain `fit`
+namespace (tests/beds/slurm.py), real srun steps, real TensorFlow MWMS training of a plain `fit`
 script that imports nothing of orchestrate. Needs root, slurm-wlm and munge: skipped with the
 reason where they are missing, failed under CI=true."""
 
@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from tests.beds import slurm as slurmbed
 from tests.conftest import (
     IN_CI,
     REPO,
@@ -34,9 +35,6 @@ from tests.conftest import (
     wait_for_end,
 )
 from worker.warm import registry
-
-sys.path.insert(0, str(REPO / "scripts"))
-import slurmbed
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 PLAIN_FIT = Path(__file__).parent / "fixtures" / "plain_fit.py"

@@ -1,5 +1,5 @@
 """The SSH backend against real OpenSSH sshd hosts, each in its own network namespace
-(scripts/testbed.py). Needs root, iproute2 and openssh-server: skipped with the reason where
+(tests/beds/ssh.py). Needs root, iproute2 and openssh-server: skipped with the reason where
 they are missing, failed under CI=true."""
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from orchestrator.planning.task_specs import make_specs
 from orchestrator.transport.base import ProcessRef
 from orchestrator.transport.ssh import SshTransport
 from tests import test_transport_contract as contract
+from tests.beds import ssh as tb
 from tests.conftest import (
     REPO,
     CliResult,
@@ -43,9 +44,6 @@ from tests.conftest import (
     wait_for_end,
 )
 from worker.spec import HOST_PROTOCOL
-
-sys.path.insert(0, str(REPO / "scripts"))
-import testbed as tb
 
 pytestmark = pytest.mark.ssh
 FAKE = Path(__file__).parent / "fixtures" / "fake_trainer.py"

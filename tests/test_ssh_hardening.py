@@ -1,7 +1,7 @@
 """The SSH transport's bad paths: known_hosts read tolerantly and appended to, never rewritten;
 revoked keys refused; every ProxyJump hop checked like the host itself; the host helper's start
 bounded by its timeout. Unit tests first (no network); then the same over real sshd hosts in
-network namespaces (scripts/testbed.py, marked ssh)."""
+network namespaces (tests/beds/ssh.py, marked ssh)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ import os
 import socket
 import stat
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -35,10 +34,8 @@ from orchestrator.transport.ssh.host_keys import (
     UnknownHostKeyError,
     fingerprint,
 )
-from tests.conftest import REPO, ssh_testbed, wait_for
-
-sys.path.insert(0, str(REPO / "scripts"))
-import testbed as tb
+from tests.beds import ssh as tb
+from tests.conftest import ssh_testbed, wait_for
 
 
 def new_key() -> paramiko.PKey:

@@ -1,21 +1,20 @@
 """The committed benchmark figures: docs/bench/results.json holds every row of one full run of
 scripts/bench.py (rows a single script measured again are named with their run), each with the
-target the code fixes now; README's table is the one made from that file. Pure: reads files."""
+target the code fixes now (scripts/benchmarks/); README's table is the one made from that file.
+Pure: reads files."""
 
 from __future__ import annotations
 
 import json
 import statistics
-import sys
 
 import pytest
 
+from scripts.benchmarks import hostloss, slurm, warm
+from scripts.benchmarks import rows as bench_rows
 from tests.conftest import REPO
 
-sys.path.insert(0, str(REPO / "scripts"))
-
-import bench_rows
-
+SUITE = REPO / "scripts" / "benchmarks" / "suite.py"  # the rows the suite itself defines
 RESULTS = REPO / "docs" / "bench" / "results.json"
 
 
@@ -26,13 +25,9 @@ def results() -> dict:
 
 def defined_rows() -> dict[str, bench_rows.Row]:
     """Every row as the scripts define it now, with its fixed target."""
-    import bench_hostloss
-    import bench_slurm
-    import bench_warm
-
-    rows = {r.id: r for r in (*bench_hostloss.rows(), *bench_slurm.rows(), *bench_warm.rows(),
-                              bench_warm.relaunch_row())}  # fmt: skip
-    source = (REPO / "scripts" / "bench.py").read_text()
+    rows = {r.id: r for r in (*hostloss.rows(), *slurm.rows(), *warm.rows(),
+                              warm.relaunch_row())}  # fmt: skip
+    source = SUITE.read_text()
     for row_id in ("P1", "P2", "P3", "P3c", "P4", "P6", "P7a", "P7b", "P8", "P9", "P9b"):
         assert f'"{row_id}": Row(' in source, row_id
     return rows
@@ -50,7 +45,7 @@ def test_every_row_is_there_from_a_full_run(results: dict) -> None:
 
 def test_targets_are_the_ones_fixed_in_the_code(results: dict) -> None:
     defined = defined_rows()
-    source = (REPO / "scripts" / "bench.py").read_text()
+    source = SUITE.read_text()
     for row in results["rows"]:
         if row["id"] in defined:
             code = defined[row["id"]]

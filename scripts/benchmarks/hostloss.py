@@ -8,7 +8,7 @@ P10: link down -> orchestrate's group stopping (the job's failure event), agains
 P11: link down -> training resumed on a spare (two hosts train, the third is a spare), against
      the same TensorFlow baseline.
 
-    sudo uv run python scripts/bench_hostloss.py [--repeat N]
+    sudo uv run python -m scripts.benchmarks.hostloss [--repeat N]
 """
 
 from __future__ import annotations
@@ -24,12 +24,11 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "scripts"))
+from scripts.benchmarks.measure import epochs_logged, no_kept_standbys, wait, wait_epochs_past
+from scripts.benchmarks.rows import Row, compile_checkout, run_meta, write_results
+from tests.beds import ssh as tb
 
-import testbed as tb  # noqa: E402
-from bench_measure import epochs_logged, no_kept_standbys, wait, wait_epochs_past  # noqa: E402
-from bench_rows import Row, compile_checkout, run_meta, write_results  # noqa: E402
+REPO = Path(__file__).resolve().parents[2]
 
 PY = sys.executable
 PLAIN = REPO / "tests" / "fixtures" / "plain_fit.py"
@@ -214,7 +213,7 @@ def main() -> int:
     if p10.skipped:
         print(f"error: {p10.skipped}", file=sys.stderr)
         return 1
-    meta = run_meta(f"scripts/bench_hostloss.py --repeat {args.repeat}", started, quick=False)
+    meta = run_meta(f"scripts/benchmarks/hostloss.py --repeat {args.repeat}", started, quick=False)
     print(write_results(args.out, [p10, p11], meta, REPO / "README.md"))
     return 0
 

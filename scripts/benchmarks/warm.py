@@ -15,7 +15,7 @@ imports, the rendezvous, the restore, the first step).
 
 Writes its rows into docs/bench/results.json (and the tables made from it).
 
-  uv run python scripts/bench_warm.py [--rounds 3]
+  uv run python -m scripts.benchmarks.warm [--rounds 3]
 """
 
 from __future__ import annotations
@@ -30,11 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "scripts"))
-
-from bench_measure import (  # noqa: E402
+from scripts.benchmarks.measure import (
     PY,
     bench_lines,
     kill_job_process,
@@ -46,7 +42,9 @@ from bench_measure import (  # noqa: E402
     status_json,
     wait,
 )
-from bench_rows import Row, compile_checkout, run_meta, write_results  # noqa: E402
+from scripts.benchmarks.rows import Row, compile_checkout, run_meta, write_results
+
+REPO = Path(__file__).resolve().parents[2]
 
 # --- the measurements: a restart, a relaunch ------------------------------------------------
 
@@ -243,7 +241,7 @@ def main() -> int:
         (root / "shared").mkdir()
         restart_rows(root, root / "home", args.rounds, p5, p14, p14b)
         relaunch_rows(root, root / "home", args.rounds, p15)
-    meta = run_meta(f"scripts/bench_warm.py --rounds {args.rounds}", started, quick=False)
+    meta = run_meta(f"scripts/benchmarks/warm.py --rounds {args.rounds}", started, quick=False)
     print(write_results(args.out, [p5, p14, p14b, p15], meta, REPO / "README.md"))
     return 0
 

@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
-"""Draw scripts/bench_scale.py's curve: the supervisor's CPU per host per second and its RSS
+"""Draw scripts/benchmarks/scale.py's curve: the supervisor's CPU per host per second and its RSS
 against the number of hosts, the long poll beside every host read every tick (--baseline).
 
-    uv run python scripts/plot_scale.py bench_scale_output.txt docs/bench/supervision-scale.png
+    uv run python -m scripts.benchmarks.plot_scale scale_output.txt docs/bench/supervision-scale.png
 
-It reads the JSON lines bench_scale.py prints (one per measurement) and also writes them, as
+It reads the JSON lines scale.py prints (one per measurement) and also writes them, as
 one JSON list, next to the picture (same name, .json)."""
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""Where P3's throughput goes: the steady steps/s of P3's training (scripts/bench_trainer.py,
+"""Where P3's throughput goes: the steady steps/s of P3's training (scripts/benchmarks/trainer.py,
 2 local MWMS workers) started by hand, under `orchestrate launch` with every default on, and
 with each default that runs beside training turned off in turn, all interleaved in each round.
 
-    uv run python scripts/bench_overhead.py [--rounds 4] [--epochs 12] [--out FILE.json]
+    uv run python -m scripts.benchmarks.overhead [--rounds 4] [--epochs 12] [--out FILE.json]
 
 Then one run with every default on, its processes' CPU over 8 s of steady training: the
 trainers against everything of ours beside them (agents, keepers, standbys, the supervisor).
@@ -29,9 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_measure
-from bench_measure import (
+from scripts.benchmarks import measure
+from scripts.benchmarks.measure import (
     PY,
     REPO,
     TRAINER,
@@ -86,7 +85,7 @@ workers = 2
 
 [restart]
 backoff = 0.0
-{bench_measure.RESTART_EXTRA}
+{measure.RESTART_EXTRA}
 {changes.get("restart", "")}
 """
     )

@@ -1,7 +1,7 @@
-"""Network namespaces for the test beds (testbed.py: SSH hosts; slurmbed.py: Slurm nodes): a
-bridge with a gateway address, a namespace per host joined to it by a veth pair, and emptying
-and removing them again. Needs root and iproute2. Traffic goes only to the addresses a bed
-assigns itself, in a private range."""
+"""Network namespaces for the test beds (ssh.py: SSH hosts; slurm.py: Slurm nodes): a bridge
+with a gateway address, a namespace per host joined to it by a veth pair, and emptying and
+removing them again. Needs root and iproute2. Traffic goes only to the addresses a bed assigns
+itself, in a private range."""
 
 from __future__ import annotations
 
@@ -27,6 +27,16 @@ def free_subnet(prefix: str) -> str:
     raise RuntimeError(f"no free {prefix}.x.0/24 subnet")
 
 
+def free_subnets(prefix: str, count: int) -> list[str]:
+    """`count` distinct free /24s under `prefix`."""
+    subnets: list[str] = []
+    while len(subnets) < count:
+        subnet = free_subnet(prefix)
+        if subnet not in subnets:
+            subnets.append(subnet)
+    return subnets
+
+
 def add_bridge(bridge: str, gateway: str) -> None:
     ip("link", "add", bridge, "type", "bridge")
     ip("addr", "add", f"{gateway}/24", "dev", bridge)
@@ -46,21 +56,32 @@ def wire(namespace: str, bridge: str, veth: str, peer: str, address: str, prefix
     ip("-n", namespace, "link", "set", "eth0", "up")
 
 
+def pids(namespace: str, check: bool = False) -> list[int]:
+    """The processes in the namespace (`ip netns pids`)."""
+    out = subprocess.run(
+        ["ip", "netns", "pids", namespace], capture_output=True, text=True, check=check
+    )
+    return [int(p) for p in out.stdout.split()]
+
+
+def holds(namespace: str, pid: int) -> bool:
+    """Whether pid runs in the namespace (so was started by the bed, or through it)."""
+    return pid in pids(namespace)
+
+
 def kill_processes(namespace: str) -> None:
     """SIGTERM, then SIGKILL, every process in the namespace (all started by the bed or
     through it), waiting up to 3 s for each to take."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        out = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True, text=True)
-        pids = [int(p) for p in out.stdout.split()]
-        if not pids:
+        found = pids(namespace)
+        if not found:
             return
-        for pid in pids:
+        for pid in found:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
         deadline = time.monotonic() + 3
         while time.monotonic() < deadline:
-            out = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True, text=True)
-            if not out.stdout.split():
+            if not pids(namespace):
                 return
             time.sleep(0.05)
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""P12/P13: the Slurm backend on the Slurm test bed (scripts/slurmbed.py: slurmctld here, three
+"""P12/P13: the Slurm backend on the Slurm test bed (tests/beds/slurm.py: slurmctld here, three
 slurmd in network namespaces), real TensorFlow, the plain `fit` script of P9 (it imports nothing
 of orchestrate). Needs root, slurm-wlm and munge.
 
@@ -11,7 +11,7 @@ P13: that cold start (`orchestrate launch` to the end of every task's first epoc
      same script submitted by hand: `sbatch` of an `srun` whose tasks build TF_CONFIG from
      Slurm's variables themselves, with a fixed port.
 
-    sudo uv run python scripts/bench_slurm.py [--repeat N]
+    sudo uv run python -m scripts.benchmarks.slurm [--repeat N]
 """
 
 from __future__ import annotations
@@ -27,13 +27,12 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "scripts"))
+from scripts.benchmarks import measure
+from scripts.benchmarks.measure import epochs_logged, kill_job_process, wait, wait_epochs_past
+from scripts.benchmarks.rows import Row, compile_checkout, run_meta, write_results
+from tests.beds import slurm as slurmbed
 
-import bench_measure  # noqa: E402
-import slurmbed  # noqa: E402
-from bench_measure import epochs_logged, kill_job_process, wait, wait_epochs_past  # noqa: E402
-from bench_rows import Row, compile_checkout, run_meta, write_results  # noqa: E402
+REPO = Path(__file__).resolve().parents[2]
 
 PY = sys.executable
 PLAIN = REPO / "tests" / "fixtures" / "plain_fit.py"
@@ -84,7 +83,7 @@ python = "{PY}"
 
 [restart]
 backoff = 0.2
-{bench_measure.RESTART_EXTRA}
+{measure.RESTART_EXTRA}
 """
     )
     return path
@@ -231,7 +230,7 @@ def main() -> int:
     if p12.skipped:
         print(f"error: {p12.skipped}", file=sys.stderr)
         return 1
-    meta = run_meta(f"scripts/bench_slurm.py --repeat {args.repeat}", started, quick=False)
+    meta = run_meta(f"scripts/benchmarks/slurm.py --repeat {args.repeat}", started, quick=False)
     print(write_results(args.out, [p12, p13], meta, REPO / "README.md"))
     return 0
 

@@ -3,9 +3,9 @@
 and 16 hosts of the SSH test bed, all hosts at once (what the supervisor does) and one host
 after another (what it did before), against the floor: one SFTP read on one host.
 
-    sudo uv run python scripts/bench_tick.py [--hosts 1 4 16] [--ticks 30] [--delay-ms 5]
+    sudo uv run python -m scripts.benchmarks.tick [--hosts 1 4 16] [--ticks 30] [--delay-ms 5]
 
---delay-ms puts a proxy (scripts/delay_proxy.py) on loopback in front of each host that delays
+--delay-ms puts a proxy (tests/beds/delay_proxy.py) on loopback in front of each host that delays
 every packet that long each way: the test bed's own round trip is ~0.2 ms, a real network's is
 longer, and that is where reading hosts at once matters.
 """
@@ -21,12 +21,6 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-import testbed as tb
-from bench_launch import bench_config
-
 from orchestrator.backends import open_backend
 from orchestrator.backends.agents import AgentRef
 from orchestrator.config import load_config
@@ -36,6 +30,10 @@ from orchestrator.state.job_records import register_job
 from orchestrator.state.store import Store
 from orchestrator.supervision.attempt import Attempt, Watch, agents_by_host
 from orchestrator.supervision.supervisor import Supervisor
+from scripts.benchmarks.launch import bench_config
+from tests.beds import ssh as tb
+
+DELAY_PROXY = Path(__file__).resolve().parents[2] / "tests" / "beds" / "delay_proxy.py"  # by path
 
 
 def tick_times(config_path: Path, root: Path, ticks: int) -> dict[str, float]:
@@ -93,7 +91,7 @@ def delayed_config(
             ports.append(s.getsockname()[1])
     routes = [f"{p}:{h.address}:22" for p, h in zip(ports, bed.hosts[:hosts], strict=True)]
     proxy = subprocess.Popen(
-        [sys.executable, str(Path(__file__).parent / "delay_proxy.py"), str(delay_ms), *routes],
+        [sys.executable, str(DELAY_PROXY), str(delay_ms), *routes],
         stdout=subprocess.PIPE,
     )
     assert proxy.stdout is not None and proxy.stdout.readline().strip() == b"ready"

@@ -2,7 +2,7 @@
 """A TCP proxy that adds a fixed one-way delay in each direction: network latency for the SSH
 test bed, where the kernel's netem qdisc may be missing. Listens on loopback only.
 
-    python scripts/delay_proxy.py DELAY_MS LISTEN_PORT:TARGET_HOST:TARGET_PORT [...]
+    python tests/beds/delay_proxy.py DELAY_MS LISTEN_PORT:TARGET_HOST:TARGET_PORT [...]
 
 Prints "ready" once every port listens; runs until killed.
 """

@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from chaos_beds import HOST_TIMEOUT, KEEPALIVE
+from scripts.soak.beds import HOST_TIMEOUT, KEEPALIVE
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 PY = sys.executable
 PROGRESS_TIMEOUT = 6.0
 # What each kind must do to the job: restart the group, leave it be, either (a link down for

@@ -16,10 +16,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-TRAINER = REPO / "scripts" / "bench_trainer.py"
+REPO = Path(__file__).resolve().parents[2]
+TRAINER = Path(__file__).resolve().with_name("trainer.py")  # run by path
 PLAIN_TRAINER = REPO / "tests" / "fixtures" / "plain_fit.py"  # also the tests' plain script
-BENCH_AB = REPO / "scripts" / "bench_ab.py"
+BENCH_AB = Path(__file__).resolve().with_name("ab.py")  # run by path
 FAKE = REPO / "tests" / "fixtures" / "fake_trainer.py"
 PY = sys.executable
 SURVIVOR_CAP = 90.0  # seconds: a survivor still hung then is a failed round
@@ -39,7 +39,7 @@ def free_ports(count: int) -> list[int]:
 def kill_job_process(pid: object, job_id: str) -> None:
     """SIGKILL a process of the benchmark's own job, as `orchestrate status` named it, checked
     through a pidfd first (checked_signal.signal_job_process)."""
-    from checked_signal import signal_job_process
+    from tests.beds.checked_signal import signal_job_process
 
     signal_job_process(pid, job_id, signal.SIGKILL)
 

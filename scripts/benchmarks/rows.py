@@ -15,7 +15,7 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 # The order rows are listed in, whichever script measured them.
 ORDER = ["P1", "P2", "P3", "P3c", "P4", "P5", "P6", "P7a", "P7b", "P8", "P9", "P9b", "P10", "P11",

@@ -4,6 +4,8 @@ The digits MLP under MultiWorkerMirroredStrategy, printing BENCH lines: the wall
 the first finished training step, and each epoch's steps per second. With --raw it uses only
 what a hand-written MWMS script would (the strategy made directly, BackupAndRestore), not
 orchestrate's strategy helper or callbacks.
+
+Started by path (measure.TRAINER): it imports only `worker` and TensorFlow, nothing of scripts.
 """
 
 from __future__ import annotations

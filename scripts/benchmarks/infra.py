@@ -9,7 +9,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from bench_measure import (
+from scripts.benchmarks.measure import (
     PY,
     REPO,
     TRAINER,
@@ -19,7 +19,7 @@ from bench_measure import (
     peak_rss_kb,
     processes_running,
 )
-from bench_rows import Row
+from scripts.benchmarks.rows import Row
 
 # --- P1 and P7 (supervisor): SSH test bed ---------------------------------------------------
 
@@ -27,8 +27,8 @@ P1_CPU_PER_HOST_MS = 10.0  # P1's second condition: the coordinator's CPU per ho
 
 
 def ssh_rows(root: Path, hosts: list[int], repeat: int, p1: Row, p7s: Row) -> None:
-    import testbed as tb
-    from bench_launch import bench_config, orchestrate_round, raw_round
+    from scripts.benchmarks.launch import bench_config, orchestrate_round, raw_round
+    from tests.beds import ssh as tb
 
     reason = tb.missing_requirements()
     if reason:

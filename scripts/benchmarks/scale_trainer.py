@@ -1,7 +1,8 @@
-"""A stand-in trainer for scripts/bench_scale.py (standard library only, no TensorFlow): it
+"""A stand-in trainer for scripts/benchmarks/scale.py (standard library only, no TensorFlow): it
 trains like a real one as the coordinator sees it, so the measurement is of the coordinator. It
 reports progress the way the Keras callback does (a step count and a loss in the progress file,
-written at most every 0.5 s) and prints a line a second, like `fit(verbose=2)`."""
+written at most every 0.5 s) and prints a line a second, like `fit(verbose=2)`. Started by
+path (scale.TRAINER)."""
 
 import json
 import os

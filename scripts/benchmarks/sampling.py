@@ -2,7 +2,7 @@
 """What sampling resources and timing waits (issue: at most 1 % of steady throughput) costs,
 each figure next to a baseline measured in the same run:
 
-    uv run python scripts/bench_sampling.py [--rounds 8] [--pairs 3] [--out FILE.json]
+    uv run python -m scripts.benchmarks.sampling [--rounds 8] [--pairs 3] [--out FILE.json]
 
 - S1, the trainer's side: two MWMS workers (two processes, TF_CONFIG on loopback) alternate
   fit calls traced without and with the wait clock (timestamps around every collective and
@@ -23,14 +23,11 @@ import json
 import os
 import statistics
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from scripts.bench_measure import BENCH_AB, PY, REPO, free_ports, plain_run
+from scripts.benchmarks.measure import BENCH_AB, PY, REPO, free_ports, plain_run
 from worker.resources import ResourceSampler, tensorboard_scalars
 from worker.spec import Progress
 from worker.tb_events import EventWriter

@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
 """What supervision costs the coordinator as hosts are added (the scaling curve), on namespaced
-SSH hosts (scripts/testbed.py) with stand-in trainers (scripts/bench_scale_trainer.py: progress
+SSH hosts (tests/beds/ssh.py) with stand-in trainers (scripts/benchmarks/scale_trainer.py: progress
 and a line a second, like a Keras fit, no TensorFlow), so the figures are the coordinator's.
 
 For each size: `launch --detach`, wait until every task steps, then over a window of steady
 training the detached supervisor's CPU (per host per second) and resident size; then one
 trainer SIGKILLed and the time until the supervisor begins stopping (P4).
 
-    sudo uv run python scripts/bench_scale.py --hosts 16 64 256 [--window 20] [--baseline]
+    sudo uv run python -m scripts.benchmarks.scale --hosts 16 64 256 [--window 20] [--baseline]
         [--profile]
 
 --baseline adds, for each size, the same measurement with `keepalive = 0.2` (each host read
@@ -27,12 +27,10 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from scripts.benchmarks.measure import PY, REPO, kill_job_process, orch_env, status_json, wait
+from tests.beds import ssh as tb
 
-import testbed as tb
-from bench_measure import PY, REPO, kill_job_process, orch_env, status_json, wait
-
-TRAINER = Path(__file__).resolve().with_name("bench_scale_trainer.py")
+TRAINER = Path(__file__).resolve().with_name("scale_trainer.py")
 TICK = os.sysconf("SC_CLK_TCK")
 
 

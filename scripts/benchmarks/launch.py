@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Launch fan-out on the namespaced SSH test bed, against a raw paramiko fan-out in the same run.
 
-    sudo .venv/bin/python scripts/bench_launch.py --hosts 1 3 --repeat 5
+    sudo .venv/bin/python -m scripts.benchmarks.launch --hosts 1 3 --repeat 5
 
 For each host count it times, in this process: preflight (every host probed in parallel, the
 shared-directory token round included), then the start of every agent (spec pushed on the start
@@ -22,18 +22,15 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "scripts"))
+from orchestrator.backends import open_backend
+from orchestrator.backends.agents import start_agents
+from orchestrator.backends.preflight import preflight
+from orchestrator.config import load_config
+from orchestrator.planning.plan import plan_on_hosts
+from orchestrator.planning.task_specs import make_specs
+from tests.beds import ssh as tb
 
-import testbed as tb  # noqa: E402
-
-from orchestrator.backends import open_backend  # noqa: E402
-from orchestrator.backends.agents import start_agents  # noqa: E402
-from orchestrator.backends.preflight import preflight  # noqa: E402
-from orchestrator.config import load_config  # noqa: E402
-from orchestrator.planning.plan import plan_on_hosts  # noqa: E402
-from orchestrator.planning.task_specs import make_specs  # noqa: E402
+REPO = Path(__file__).resolve().parents[2]
 
 FAKE = REPO / "tests" / "fixtures" / "fake_trainer.py"
 

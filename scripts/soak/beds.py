@@ -1,10 +1,11 @@
 """The beds a chaos soak (scripts/chaos.py) runs its jobs on: this machine (local), the
-namespaced SSH hosts of scripts/testbed.py, and the Slurm cluster of scripts/slurmbed.py. Each
+namespaced SSH hosts of tests/beds/ssh.py, and the Slurm cluster of tests/beds/slurm.py. Each
 writes a job's backend section, names the fault kinds it adds to the common ones, injects those,
 and tears itself down. Only processes the bed or the job started are ever signalled."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -16,15 +17,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from tests.beds import netns
+from tests.beds import slurm as slurmbed
+from tests.beds import ssh as testbed
+from tests.beds.checked_signal import signal_checked
 
-import contextlib
-
-import slurmbed
-import testbed
-from checked_signal import signal_checked
-
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 COMMON = (
     "trainer_kill", "agent_kill", "trainer_hang", "preemption", "supervisor_kill",
     "supervisor_stall", "stop_resume", "attach_live",
@@ -171,9 +169,10 @@ class SshBed(LocalBed):
             later(2.0, lambda: self._start_sshd(host.name))
             return f"{host.name}'s sshd killed, back after 2 s"
         if kind == "helper_kill":  # the supervisor's helper on the host: the oldest one there
+            inside = set(netns.pids(host.namespace))
             helpers = [
                 pid for pid, argv in _processes()
-                if argv[1:2] == ["-c"] and argv[3:4] == ["hostd"] and _in(pid, host.namespace)
+                if argv[1:2] == ["-c"] and argv[3:4] == ["hostd"] and pid in inside
             ]  # fmt: skip
             if not helpers:
                 return f"no host helper on {host.name}"
@@ -201,9 +200,7 @@ class SshBed(LocalBed):
     def _kill_all(self, host: testbed.TestHost) -> int:
         """Every process in the host's namespace (its sshd and what came in through it), at once."""
         self._kill_sshd(host.name)
-        out = subprocess.run(["ip", "netns", "pids", host.namespace], capture_output=True,
-                             text=True, check=True)  # fmt: skip
-        pids = [int(p) for p in out.stdout.split() if int(p) > 1]
+        pids = [p for p in netns.pids(host.namespace, check=True) if p > 1]
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
@@ -292,11 +289,6 @@ def _net(pid: int) -> str:
 
 def _same_host(pid: int, other: int) -> bool:
     return bool(_net(pid)) and _net(pid) == _net(other)
-
-
-def _in(pid: int, namespace: str) -> bool:
-    out = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True, text=True)
-    return str(pid) in out.stdout.split()
 
 
 def _cmdline(pid: int) -> bytes:

@@ -2,8 +2,10 @@
 own __main__ with no epochs): alternate `fit` calls without and with what orchestrate adds, in
 one process, and print each pair's steps per second as a BENCH line.
 
-    python scripts/bench_ab.py --backup-dir DIR --callbacks ROUNDS  # P9b: the bootstrap's
-    python scripts/bench_ab.py --backup-dir DIR --waits ROUNDS      # the wait clock's
+    python scripts/benchmarks/ab.py --backup-dir DIR --callbacks ROUNDS  # P9b: the bootstrap's
+    python scripts/benchmarks/ab.py --backup-dir DIR --waits ROUNDS      # the wait clock's
+
+Started by path (measure.BENCH_AB): it imports only `worker` and TensorFlow, nothing of scripts.
 """
 
 from __future__ import annotations
@@ -17,9 +19,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 PLAIN_FIT = REPO / "tests" / "fixtures" / "plain_fit.py"
-sys.path.insert(0, str(REPO))
 
 
 def load_plain_fit(backup_dir: str) -> dict[str, Any]:

@@ -4,7 +4,7 @@ everything (`orchestrate[all]`: TensorFlow, tf-keras, the example's scikit-learn
 matplotlib), each into a fresh virtual environment with an empty package cache (every wheel
 downloaded), measured in the same run. Needs uv and the package index.
 
-    uv run python scripts/bench_install.py [--out docs/bench/install.json]
+    uv run python -m scripts.benchmarks.install [--out docs/bench/install.json]
 
 Prints, per install: wall seconds, size on disk, packages, and the CLI's start (`orchestrate
 --version`, best of 5), then the ratios coordinator/everything.
@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _size(path: Path) -> int:

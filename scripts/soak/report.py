@@ -1,0 +1,98 @@
+"""The chaos soak's figures (scripts/chaos_report.py writes them): per backend and fault kind,
+the count, the detection and recovery times (median and worst), the restart budget used, the
+violations; as Markdown and as a chart."""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+OUT = REPO / "docs" / "chaos"
+
+
+def _span(values: list[float]) -> str:
+    if not values:
+        return "-"
+    return f"{statistics.median(values):.2f} / {max(values):.2f}"
+
+
+def rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    by_kind: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for run in runs:
+        for fault in run["faults"]:
+            by_kind.setdefault((run["backend"], fault["kind"]), []).append(fault)
+    table = []
+    for (backend, kind), faults in sorted(by_kind.items()):
+        detected = [f["detected_s"] for f in faults if f["detected_s"] is not None]
+        recovered = [f["recovered_s"] for f in faults if f["recovered_s"] is not None]
+        table.append({
+            "backend": backend, "kind": kind, "count": len(faults),
+            "overlapped": sum(1 for f in faults if f["overlap"]),
+            "detected": detected, "recovered": recovered,
+            "budget": sum(f["budget_spent"] for f in faults),
+            "violations": sum(len(f["violations"]) for f in faults),
+        })  # fmt: skip
+    return table
+
+
+def markdown(runs: list[dict[str, Any]], table: list[dict[str, Any]]) -> str:
+    total = sum(r["count"] for r in table)
+    lines = [
+        "# Chaos soak: figures",
+        "",
+        "Written by `python -m scripts.chaos_report` from the runs below",
+        "(`python -m scripts.chaos --json`).",
+        "Times in seconds from the injection, median / worst: *detected* is the supervisor's",
+        "failure event, *recovered* the last task's first step of the attempt that followed.",
+        "*Budget* is the restarts counted against `max_restarts` (a preemption counts none).",
+        "",
+        "| backend | seed | faults | per job | violations | minutes |",
+        "|---|---|---|---|---|---|",
+    ]
+    for run in runs:
+        minutes = run["seconds"] / 60
+        lines.append(f"| {run['backend']} | {run['seed']} | {len(run['faults'])} | "
+                     f"{run['per_job']} | {len(run['violations'])} | {minutes:.0f} |")  # fmt: skip
+    lines += [
+        "",
+        f"{total} faults in all.",
+        "",
+        "| backend | fault kind | count | overlapped | detected (s) | recovered (s) | budget "
+        "| violations |",
+        "|---|---|---|---|---|---|---|---|",
+    ]  # fmt: skip
+    for r in table:
+        lines.append(f"| {r['backend']} | `{r['kind']}` | {r['count']} | {r['overlapped']} | "
+                     f"{_span(r['detected'])} | {_span(r['recovered'])} | {r['budget']} | "
+                     f"{r['violations']} |")  # fmt: skip
+    lines += ["", "Violations of a whole job (not of one fault), as the runs recorded them:", ""]
+    lines += [f"- {run['backend']}: {v}" for run in runs for v in run["violations"]
+              if not v.startswith("fault ")] or ["- none"]  # fmt: skip
+    lines += ["", "![detection and recovery per fault kind](results.png)", ""]
+    return "\n".join(lines)
+
+
+def chart(table: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shown = [r for r in table if r["recovered"] or r["detected"]]
+    labels = [f"{r['backend']}: {r['kind']}" for r in shown]
+    fig, ax = plt.subplots(figsize=(9, 0.35 * len(shown) + 1.5))
+    for i, r in enumerate(shown):
+        for values, color, dy in (
+            (r["detected"], "tab:red", -0.15),
+            (r["recovered"], "tab:blue", 0.15),
+        ):
+            ax.scatter(values, [i + dy] * len(values), s=10, color=color, alpha=0.6)
+    ax.set_yticks(range(len(shown)), labels)
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds from the injection (red: detected, blue: training again)")
+    ax.set_title("Chaos soak: every fault's detection and recovery")
+    ax.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
