@@ -13,11 +13,9 @@ P11: link down -> training resumed on a spare (two hosts train, the third is a s
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import tempfile
@@ -25,7 +23,7 @@ import time
 from pathlib import Path
 
 from scripts.benchmarks.measure import epochs_logged, no_kept_standbys, wait, wait_epochs_past
-from scripts.benchmarks.rows import Row, compile_checkout, run_meta, write_results
+from scripts.benchmarks.rows import Row, measure_alone
 from tests.beds import ssh as tb
 
 REPO = Path(__file__).resolve().parents[2]
@@ -199,23 +197,11 @@ def rows() -> tuple[Row, Row]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--repeat", type=int, default=2)
-    parser.add_argument("--out", type=Path, default=REPO / "docs" / "bench")
-    args = parser.parse_args()
-    compile_checkout()
-    # SIGTERM unwinds like Ctrl-C: every test bed and trainer is torn down on the way out.
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
-    started = time.time()
     p10, p11 = rows()
-    with tempfile.TemporaryDirectory(prefix="orch-bench-loss-") as tmp:
-        host_loss_rows(Path(tmp), args.repeat, p10, p11)
-    if p10.skipped:
-        print(f"error: {p10.skipped}", file=sys.stderr)
-        return 1
-    meta = run_meta(f"scripts/benchmarks/hostloss.py --repeat {args.repeat}", started, quick=False)
-    print(write_results(args.out, [p10, p11], meta, REPO / "README.md"))
-    return 0
+    return measure_alone(
+        __doc__ or "", "scripts/benchmarks/hostloss.py", [p10, p11],
+        lambda tmp, repeat: host_loss_rows(tmp, repeat, p10, p11),
+    )  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -9,9 +9,15 @@ counted and said, never a number."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
+import signal
 import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -309,3 +315,33 @@ def write_readme_block(readme: Path, table: str) -> None:
         raise SystemExit(f"{readme}: no {README_BEGIN} ... {README_END} block to fill")
     block = f"{README_BEGIN}\n{table}\n{README_END}"
     readme.write_text(pattern.sub(lambda _: block, text))
+
+
+def measure_alone(
+    doc: str,
+    script: str,
+    rows: list[Row],
+    measure: Callable[[Path, int], None],
+    *,
+    flag: str = "--repeat",
+    default: int = 2,
+) -> int:
+    """A benchmark that measures its own rows again, alone (`python -m scripts.benchmarks.X
+    FLAG N`): `measure(tmp, N)` fills the rows, which are then written to the results as a
+    run of their own. 1 when the first row could not be measured."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument(flag, type=int, default=default, dest="count", metavar="N")
+    parser.add_argument("--out", type=Path, default=REPO / "docs" / "bench")
+    args = parser.parse_args()
+    compile_checkout()
+    # SIGTERM unwinds like Ctrl-C: every test bed and trainer is torn down on the way out.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    started = time.time()
+    with tempfile.TemporaryDirectory(prefix="orch-bench-") as tmp:
+        measure(Path(tmp), args.count)
+    if rows[0].skipped:
+        print(f"error: {rows[0].skipped}", file=sys.stderr)
+        return 1
+    meta = run_meta(f"{script} {flag} {args.count}", started, quick=False)
+    print(write_results(args.out, rows, meta, REPO / "README.md"))
+    return 0

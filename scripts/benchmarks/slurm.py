@@ -16,11 +16,9 @@ P13: that cold start (`orchestrate launch` to the end of every task's first epoc
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -29,7 +27,7 @@ from pathlib import Path
 
 from scripts.benchmarks import measure
 from scripts.benchmarks.measure import epochs_logged, kill_job_process, wait, wait_epochs_past
-from scripts.benchmarks.rows import Row, compile_checkout, run_meta, write_results
+from scripts.benchmarks.rows import Row, measure_alone
 from tests.beds import slurm as slurmbed
 
 REPO = Path(__file__).resolve().parents[2]
@@ -216,23 +214,11 @@ def rows() -> tuple[Row, Row]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--repeat", type=int, default=2)
-    parser.add_argument("--out", type=Path, default=REPO / "docs" / "bench")
-    args = parser.parse_args()
-    compile_checkout()
-    # SIGTERM unwinds like Ctrl-C: the test bed and every job are torn down on the way out.
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
-    started = time.time()
     p12, p13 = rows()
-    with tempfile.TemporaryDirectory(prefix="orch-bench-slurm-") as tmp:
-        slurm_rows(Path(tmp), args.repeat, p12, p13)
-    if p12.skipped:
-        print(f"error: {p12.skipped}", file=sys.stderr)
-        return 1
-    meta = run_meta(f"scripts/benchmarks/slurm.py --repeat {args.repeat}", started, quick=False)
-    print(write_results(args.out, [p12, p13], meta, REPO / "README.md"))
-    return 0
+    return measure_alone(
+        __doc__ or "", "scripts/benchmarks/slurm.py", [p12, p13],
+        lambda tmp, repeat: slurm_rows(tmp, repeat, p12, p13),
+    )  # fmt: skip
 
 
 if __name__ == "__main__":

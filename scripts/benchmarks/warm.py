@@ -20,13 +20,11 @@ Writes its rows into docs/bench/results.json (and the tables made from it).
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -42,7 +40,7 @@ from scripts.benchmarks.measure import (
     status_json,
     wait,
 )
-from scripts.benchmarks.rows import Row, compile_checkout, run_meta, write_results
+from scripts.benchmarks.rows import Row, measure_alone
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -228,22 +226,18 @@ def restart_rows(
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--out", type=Path, default=REPO / "docs" / "bench")
-    args = parser.parse_args()
-    compile_checkout()
-    started = time.time()
     p5, p14, p14b = rows()
     p15 = relaunch_row()
-    with tempfile.TemporaryDirectory(prefix="orch-bench-warm-") as tmp:
-        root = Path(tmp)
+
+    def measure(root: Path, rounds: int) -> None:
         (root / "shared").mkdir()
-        restart_rows(root, root / "home", args.rounds, p5, p14, p14b)
-        relaunch_rows(root, root / "home", args.rounds, p15)
-    meta = run_meta(f"scripts/benchmarks/warm.py --rounds {args.rounds}", started, quick=False)
-    print(write_results(args.out, [p5, p14, p14b, p15], meta, REPO / "README.md"))
-    return 0
+        restart_rows(root, root / "home", rounds, p5, p14, p14b)
+        relaunch_rows(root, root / "home", rounds, p15)
+
+    return measure_alone(
+        __doc__ or "", "scripts/benchmarks/warm.py", [p5, p14, p14b, p15], measure,
+        flag="--rounds", default=3,
+    )  # fmt: skip
 
 
 if __name__ == "__main__":
