@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.backends.agents import agent_pid
 from tests.conftest import REPO, CliResult, fake_job, status_json, wait_for
 from worker.proctl import is_alive
 
@@ -115,7 +116,7 @@ def test_validate_and_dry_run_print_every_tf_config(
 
 def _job_pids(job: dict, shared: Path) -> list[int]:
     """Every agent and trainer pid of every attempt (the stand-in trainer records them)."""
-    pids = {t["agent_pid"] for t in job["tasks"] if t["agent_pid"]}
+    pids = {agent_pid(t["agent"]) for t in job["tasks"] if agent_pid(t["agent"])}
     for pidfile in shared.glob(f"{job['id']}/tasks/*/trainer.pids"):
         pids.update(int(p) for p in pidfile.read_text().split())
     return sorted(pids)

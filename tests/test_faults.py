@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.backends.agents import agent_pid
 from tests.conftest import (
     REPO,
     CliResult,
@@ -49,7 +50,7 @@ def fault_config(
 def wait_for_epoch(cli: Callable[..., CliResult], job_id: str, epoch: int, reap: list[int]) -> dict:
     def reached() -> dict | None:
         job = job_view(cli, job_id)
-        reap.extend(p for t in job["tasks"] for p in (t["agent_pid"], t["pid"]) if p)
+        reap.extend(p for t in job["tasks"] for p in (agent_pid(t["agent"]), t["pid"]) if p)
         ok = job["state"] == "running" and all(t["epoch"] >= epoch for t in job["tasks"])
         return job if ok else None
 
@@ -101,7 +102,7 @@ def test_sigkill_of_an_agent_takes_its_trainer_and_restarts_the_group(
 ) -> None:
     job_id = launch_detached(cli, fault_config(tmp_path, 10), reap_pids)
     running = wait_for_epoch(cli, job_id, 4, reap_pids)
-    agent, trainer = running["tasks"][1]["agent_pid"], running["tasks"][1]["pid"]
+    agent, trainer = agent_pid(running["tasks"][1]["agent"]), running["tasks"][1]["pid"]
     signal_job_process(agent, job_id, signal.SIGKILL)
     wait_for(lambda: not is_alive(trainer), 5)  # PR_SET_PDEATHSIG: it dies with its agent
     job = wait_for_end(cli, job_id)

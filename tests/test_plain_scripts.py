@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.backends.agents import agent_pid
 from tests.conftest import (
     REPO,
     CliResult,
@@ -70,7 +71,7 @@ def wait_while_running(
 ) -> dict:
     def check() -> dict | None:
         job = job_view(cli, job_id)
-        reap.extend(p for t in job["tasks"] for p in (t["agent_pid"], t["pid"]) if p)
+        reap.extend(p for t in job["tasks"] for p in (agent_pid(t["agent"]), t["pid"]) if p)
         assert job["state"] in ("launching", "running"), job["last_cause"]
         return job if ready(job) else None
 

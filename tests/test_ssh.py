@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.backends.agents import start_agents
+from orchestrator.backends.agents import agent_pid, start_agents
 from orchestrator.backends.preflight import preflight
 from orchestrator.backends.ssh import SshHosts
 from orchestrator.config import SshBackend, load_config
@@ -251,7 +251,7 @@ def test_unreachable_host_and_wrong_key_fail_preflight_naming_each_host(
     [job] = status_json(cli)["jobs"]
     assert job["state"] == "failed" and "preflight failed" in job["last_cause"]
     assert list((tmp_path / "shared").iterdir()) == []  # no job files, token dir removed
-    assert all(t["agent_pid"] is None for t in job["tasks"])
+    assert all(agent_pid(t["agent"]) is None for t in job["tasks"])
     for host in bed.hosts:
         assert processes_in(host.namespace, AGENT) == []
 

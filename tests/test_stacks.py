@@ -139,6 +139,7 @@ def test_the_stacks_event_is_never_the_text_a_trainer_planted(tmp_path: Path) ->
     words, nor does its own dump."""
     from types import SimpleNamespace
 
+    from orchestrator.backends.base import TaskHandle
     from orchestrator.supervision.hung_stacks import take_stacks
     from orchestrator.supervision.observations import FailureKind, failure
     from orchestrator.transport.local import LocalTransport
@@ -146,8 +147,9 @@ def test_the_stacks_event_is_never_the_text_a_trainer_planted(tmp_path: Path) ->
 
     layout = JobLayout(tmp_path, "job-1")
     transport = LocalTransport()
-    backend = SimpleNamespace(transport=lambda host: transport)
-    agents = [SimpleNamespace(task_index=i, host_index=0, pid=1 << 22, ident="x") for i in (0, 1)]
+    # Each agent took the request (its trainer may then write anything).
+    backend = SimpleNamespace(transport=lambda host: transport, ask_stacks=lambda task: True)
+    agents = [TaskHandle(i, 0, "agent") for i in (0, 1)]
     for i, dump in ((0, b"Process 12 ...\nThread 0x1\n"), (1, b"")):
         task = Path(layout.task_dir(i))
         task.mkdir(parents=True)

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.backends.agents import agent_pid
 from tests.conftest import (
     IN_CI,
     REPO,
@@ -51,7 +52,7 @@ def running_job(
 
     def all_running() -> dict | None:
         job = job_view(cli, job_id)
-        reap.extend(p for t in job["tasks"] for p in (t["agent_pid"], t["pid"]) if p)
+        reap.extend(p for t in job["tasks"] for p in (agent_pid(t["agent"]), t["pid"]) if p)
         return job if all(t["state"] == "running" for t in job["tasks"]) else None
 
     return job_id, wait_for(all_running, 60)  # type: ignore[return-value]
@@ -72,7 +73,7 @@ def test_stop_finds_agents_that_no_store_row_names(
     kill_supervisor_now(job["supervisor"]["pid"], job_id)  # it dies mid-launch, say
     # ... before any agent's pid reached the store:
     with sqlite3.connect(home / "state.db") as db:
-        db.execute("UPDATE tasks SET agent_pid = NULL, trainer_pid = NULL, agent_ident = ''")
+        db.execute("UPDATE tasks SET agent = '', trainer_pid = NULL")
     assert len(job_processes(job_id)) == 4  # two agents, two trainers, training on
 
     result = cli("stop", job_id)
@@ -129,11 +130,10 @@ def test_each_agent_is_recorded_as_soon_as_its_start_returns(tmp_path: Path) -> 
         assert seen.wait(60)
 
         def first_recorded() -> int | None:
-            pid = Store(tmp_path / "state.db").tasks(job.id)[0].agent_pid
-            return pid or None
+            return agent_pid(Store(tmp_path / "state.db").tasks(job.id)[0].agent)
 
         recorded.append(wait_for(first_recorded, 10))  # type: ignore[arg-type]
-        assert Store(tmp_path / "state.db").tasks(job.id)[0].agent_ident
+        assert Store(tmp_path / "state.db").tasks(job.id)[0].agent.partition("/")[2]  # identity
     finally:
         release.set()
         supervisor.stop_requested.set()
@@ -200,7 +200,7 @@ def test_stop_never_signals_a_stranger_that_holds_a_recorded_pid(
         pytest.skip("needs root: reuses pids through /proc/sys/kernel/ns_last_pid")
     job_id, job = running_job(cli, tmp_path, reap_pids)
     supervisor = job["supervisor"]["pid"]
-    agents = [t["agent_pid"] for t in job["tasks"]]
+    agents = [agent_pid(t["agent"]) for t in job["tasks"]]
     signal_supervisor(supervisor, job_id, signal.SIGKILL)  # the job's processes all die ...
     doomed = job_processes(job_id)
     for pid in doomed:  # (a trainer dies with its agent: maybe gone already)
@@ -365,7 +365,7 @@ def test_a_full_shared_dir_keeps_the_trainer_and_becomes_a_named_cause(
         cli, tmp_path, reap_pids, extra="heartbeat_timeout = 6.0\n[restart]\nmax_restarts = 0"
     )
     trainers = [t["pid"] for t in job["tasks"]]
-    agents = [t["agent_pid"] for t in job["tasks"]]
+    agents = [agent_pid(t["agent"]) for t in job["tasks"]]
     filler = small_shared_dir / "filler"
     with open(filler, "wb") as fh:  # fill it to the last byte
         try:

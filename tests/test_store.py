@@ -99,15 +99,17 @@ def test_a_store_of_the_previous_schema_is_upgraded_in_place(tmp_path: Path) -> 
             "created, updated) VALUES ('old-1', 'old', 'succeeded', 'local', 'c', '{}', '/x', 1, 2)"
         )
         raw.execute(
-            "INSERT INTO tasks (job_id, idx, type, host_index, host, address, state, step) "
-            "VALUES ('old-1', 0, 'worker', 0, 'local', '127.0.0.1:1', 'succeeded', 9)"
+            "INSERT INTO tasks (job_id, idx, type, host_index, host, address, state, step, "
+            "agent_pid) VALUES ('old-1', 0, 'worker', 0, 'local', '127.0.0.1:1', 'succeeded', 9, "
+            "4242)"
         )
     store = Store(db)
     task = store.tasks("old-1")[0]
     assert (task.step, task.phase, task.step_signal) == (9, Phase.NONE, StepSignal.NONE)
     store.update_tasks("old-1", {0: {"phase": Phase.FINISHED, "total_epochs": 3}})
     assert store.tasks("old-1")[0].phase == Phase.FINISHED
-    store.update_tasks("old-1", {0: {"agent_ident": "boot:123"}})  # schema 3's columns too
+    assert store.tasks("old-1")[0].agent == "4242/"  # schema 9 names it by its handle
+    store.update_tasks("old-1", {0: {"agent": "4242/boot:123"}})
     store.update_job("old-1", supervisor_ident="boot:456")
     assert store.get_job("old-1").supervisor_ident == "boot:456"
     store.update_job("old-1", hosts_json="[]")  # and schema 4's

@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 
-from orchestrator.backends.agents import AgentRef
+from orchestrator.backends.agents import agent_handle, alive_agents, observe_agents
+from orchestrator.backends.base import TaskHandle
 from orchestrator.backends.capabilities import Capabilities
 from orchestrator.config import load_config
 from orchestrator.config.timing import Timing
@@ -56,6 +57,7 @@ class MemoryHost:
         files: Sequence[tuple[str, int]],
         timeout: float | None = None,
         contact: Sequence[int] = (),
+        watching: Any = None,
     ) -> Observation:
         self.calls += 1
         self.contact = list(contact)
@@ -92,6 +94,19 @@ class MemoryBackend:
     def python(self, host_index: int) -> str:
         return "python3"
 
+    def observe(
+        self,
+        host_index: int,
+        tasks: Sequence[TaskHandle] | None,
+        files: Sequence[tuple[str, int]],
+        timeout: float | None = None,
+        watching: Any = None,
+    ) -> Observation:
+        return observe_agents(self.transport(host_index), tasks, files, timeout, watching)
+
+    def alive_tasks(self, host_index: int, tasks: Sequence[TaskHandle]) -> set[int]:
+        return alive_agents(self.transport(host_index), tasks)
+
     def close(self) -> None:
         pass
 
@@ -107,7 +122,7 @@ def one_task_per_host(supervisor: Supervisor, pids: list[tuple[int, str]] | None
         for i in range(HOSTS)
     }
     pids = pids or [(1000 + i, "") for i in range(HOSTS)]
-    return Attempt(0, plan, [AgentRef(i, i, pid, ident) for i, (pid, ident) in enumerate(pids)],
+    return Attempt(0, plan, [agent_handle(i, i, ProcessRef(pid, ident)) for i, (pid, ident) in enumerate(pids)],
                    tailers)  # fmt: skip
 
 

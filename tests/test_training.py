@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.backends.agents import agent_pid
 from tests.conftest import REPO, CliResult, job_processes, status_json, wait_for
 from worker.proctl import is_alive
 
@@ -38,7 +39,7 @@ def _cmdline_has(proc: Path, text: str) -> bool:
 
 
 def _pids(job: dict) -> list[int]:
-    return [p for t in job["tasks"] for p in (t["agent_pid"], t["pid"]) if p]
+    return [p for t in job["tasks"] for p in (agent_pid(t["agent"]), t["pid"]) if p]
 
 
 def test_example_trains_on_disjoint_shards_and_the_chief_saves_once(

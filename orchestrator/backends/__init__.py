@@ -18,6 +18,7 @@ from orchestrator.backends.base import (
     LaunchHooks,
     LaunchRequest,
     Sweep,
+    TaskHandle,
 )
 from orchestrator.backends.registry import BackendPlugin, plugin_for, register_backend
 from orchestrator.config import ClusterConfig
@@ -30,6 +31,7 @@ __all__ = [
     "LaunchRequest",
     "Launched",
     "Sweep",
+    "TaskHandle",
     "check_before_register",
     "dry_run_notes",
     "open_backend",

@@ -1,15 +1,17 @@
 """One agent per task (worker.agent), started and stopped over each host's transport: the
-common part of every backend whose tasks run as processes it starts itself."""
+common part of every backend whose tasks run as processes it starts itself. Such a task's
+handle names its agent's process on its host (pid and identity); only this module reads it."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Protocol
 
+from orchestrator.backends.task_handle import TaskHandle
 from orchestrator.errors import LaunchError
 from orchestrator.planning.plan import LaunchPlan
-from orchestrator.transport.base import ProcessRef, Transport
+from orchestrator.transport.base import Observation, ProcessRef, Transport, Watching
 from orchestrator.transport.fanout import HostResults, each
 from worker.spec import ENV_JOB_ID, WorkerSpec
 
@@ -25,16 +27,28 @@ class TransportHosts(Protocol):
     def python(self, host_index: int) -> str: ...
 
 
-@dataclass(frozen=True)
-class AgentRef:
-    task_index: int
-    host_index: int
-    pid: int
-    ident: str = ""  # worker.proctl.identity of pid on its host ("": unknown)
+def agent_handle(task_index: int, host_index: int, process: ProcessRef) -> TaskHandle:
+    return TaskHandle(task_index, host_index, f"{process.pid}/{process.ident}")
 
-    @property
-    def process(self) -> ProcessRef:
-        return ProcessRef(self.pid, self.ident)
+
+def agent_process(task: TaskHandle) -> ProcessRef:
+    """The agent's process a handle names (pid 0: a handle that names none, never signalled)."""
+    pid, _, ident = task.ref.partition("/")
+    return ProcessRef(int(pid) if pid.isdigit() else 0, ident)
+
+
+def agent_pid(ref: str | None) -> int | None:
+    """The pid of the agent a stored handle (status --json's `agent`) names; None: none."""
+    pid = agent_process(TaskHandle(0, 0, ref)).pid if ref else 0
+    return pid if pid > 1 else None
+
+
+def agent_alive_here(ref: str) -> bool:
+    """Whether the agent a handle names still runs, this machine being its host."""
+    from worker.proctl import is_same
+
+    process = agent_process(TaskHandle(0, 0, ref))
+    return process.pid > 1 and is_same(process.pid, process.ident)
 
 
 def start_agents(
@@ -42,14 +56,14 @@ def start_agents(
     plan: LaunchPlan,
     specs: Sequence[WorkerSpec],
     stop_grace: float,
-    on_started: Callable[[AgentRef], None] = lambda agent: None,
-) -> list[AgentRef]:
+    on_started: Callable[[TaskHandle], None] = lambda agent: None,
+) -> list[TaskHandle]:
     """Push every spec and start every agent in parallel; on any failure, stop those that did
     start and raise LaunchError with each task's outcome. `on_started` hears of each agent as
     soon as its start returns (on the thread that started it), so that a coordinator killed
     mid-launch has recorded every agent it started. Returns the agents in task order."""
 
-    def start(i: int) -> AgentRef:
+    def start(i: int) -> TaskHandle:
         task, spec = plan.tasks[i], specs[i]
         layout = spec.layout
         spec_path = str(layout.spec_path(i))
@@ -62,7 +76,7 @@ def start_agents(
             env={ENV_JOB_ID: spec.job_id},
             stdin_file=(spec_path, spec.to_json().encode()),
         )
-        agent = AgentRef(i, task.host_index, process.pid, process.ident)
+        agent = agent_handle(i, task.host_index, process)
         on_started(agent)
         return agent
 
@@ -80,7 +94,7 @@ def start_agents(
 
 
 def stop_agent_groups(
-    hosts: TransportHosts, agents: Sequence[AgentRef], grace: float
+    hosts: TransportHosts, agents: Sequence[TaskHandle], grace: float
 ) -> HostResults[int, None]:
     """Stop each agent's whole process group in parallel (SIGTERM, grace, SIGKILL), keyed by
     task index: a task succeeds when nothing of it is left, and fails when its host could not be
@@ -91,7 +105,46 @@ def stop_agent_groups(
 
     def stop(i: int) -> None:
         agent = by_task[i]
-        if not hosts.transport(agent.host_index).stop_process_group(agent.process, grace):
-            raise LaunchError(f"agent {agent.pid} still running after {grace:g}s")
+        process = agent_process(agent)
+        if process.pid <= 1:  # names no process: nothing of it to stop
+            return
+        if not hosts.transport(agent.host_index).stop_process_group(process, grace):
+            raise LaunchError(f"agent {process.pid} still running after {grace:g}s")
 
     return each(by_task, stop)
+
+
+def observe_agents(
+    transport: Transport,
+    tasks: Sequence[TaskHandle] | None,
+    files: Sequence[tuple[str, int]],
+    timeout: float | None,
+    watching: Watching | None,
+) -> Observation:
+    """Backend.observe for tasks that are agents on this transport's host: their processes'
+    liveness (as task indices) and the files, in one round trip, and each agent told that
+    its coordinator still reaches it (worker.contact)."""
+    if tasks is None:
+        return transport.observe(None, files, timeout=timeout)
+    procs = [agent_process(t) for t in tasks]
+    task_of = {p.pid: t.task_index for p, t in zip(procs, tasks, strict=True)}
+    if watching is not None and watching.known_alive is not None:
+        known = frozenset(p.pid for p, t in zip(procs, tasks, strict=True)
+                          if t.task_index in watching.known_alive)  # fmt: skip
+        watching = dataclasses.replace(watching, known_alive=known)
+    seen = transport.observe(procs, files, timeout, [p.pid for p in procs], watching)
+    if seen.alive is None:
+        return seen
+    return dataclasses.replace(seen, alive={task_of[p] for p in seen.alive if p in task_of})
+
+
+def alive_agents(transport: Transport, tasks: Sequence[TaskHandle]) -> set[int]:
+    """Backend.alive_tasks for agents on this transport's host."""
+    procs = [agent_process(t) for t in tasks]
+    alive = transport.alive_pids(procs)
+    return {t.task_index for p, t in zip(procs, tasks, strict=True) if p.pid in alive}
+
+
+def ask_agent_stacks(transport: Transport, task: TaskHandle) -> bool:
+    """Backend.ask_stacks for an agent: it signals its trainer (checked by identity)."""
+    return transport.ask_stacks(agent_process(task))

@@ -8,13 +8,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from orchestrator.backends.agents import AgentRef
 from orchestrator.backends.capabilities import Capabilities
 from orchestrator.backends.preflight import HostReport
+from orchestrator.backends.task_handle import TaskHandle
 from orchestrator.config import ClusterConfig
 from orchestrator.planning.plan import LaunchPlan
 from orchestrator.state.store import JobRecord
-from orchestrator.transport.base import Transport
+from orchestrator.transport.base import Observation, Transport, Watching
 from orchestrator.transport.fanout import HostResults
 from worker.spec import JobLayout, WorkerSpec
 
@@ -55,14 +55,14 @@ class LaunchHooks(Protocol):
     def planned(self, plan: LaunchPlan) -> list[WorkerSpec]:
         """The plan is known: its tasks are recorded (pending); returns each task's spec."""
 
-    def started(self, agent: AgentRef) -> None:
-        """An agent runs: recorded at once, whatever becomes of the launch."""
+    def started(self, task: TaskHandle) -> None:
+        """A task runs: recorded at once, whatever becomes of the launch."""
 
 
 @dataclass(frozen=True)
 class Launched:
     plan: LaunchPlan
-    agents: list[AgentRef]
+    agents: list[TaskHandle]
     gpu_counts: dict[int, int] = field(default_factory=dict)  # GPUs per host, at preflight
 
 
@@ -103,8 +103,28 @@ class Backend(Protocol):
         stop was requested while waiting (for an allocation)."""
         ...
 
-    def stop_agents(self, agents: Sequence[AgentRef], grace: float) -> HostResults[int, None]:
-        """Stop these agents and everything they started (SIGTERM, grace, SIGKILL), keyed by
+    def observe(
+        self,
+        host_index: int,
+        tasks: Sequence[TaskHandle] | None,
+        files: Sequence[tuple[str, int]],
+        timeout: float | None = None,
+        watching: Watching | None = None,
+    ) -> Observation:
+        """One host's tasks and files in one round trip (Transport.observe), with `alive` and
+        `watching.known_alive` as task indices; None: liveness not asked. One try."""
+        ...
+
+    def alive_tasks(self, host_index: int, tasks: Sequence[TaskHandle]) -> set[int]:
+        """The indices of these tasks (all on this host) that still run."""
+        ...
+
+    def ask_stacks(self, task: TaskHandle) -> bool:
+        """Ask the task to write its trainer's stacks (worker.stacks); False: it cannot."""
+        ...
+
+    def stop_agents(self, agents: Sequence[TaskHandle], grace: float) -> HostResults[int, None]:
+        """Stop these tasks and everything they started (SIGTERM, grace, SIGKILL), keyed by
         task index: a failure is a task whose stop was not confirmed."""
         ...
 

@@ -20,12 +20,9 @@ class Capabilities:
     elastic_width: bool = True
     # Hosts are known before the job (`orchestrate check` can try their ports).
     hosts_known_before_launch: bool = True
-    # Every task's agent is a process of this machine: without a supervisor, `status` can
-    # still tell by its pid (and start time) whether it lives.
-    local_processes: bool = False
 
 
-LOCAL = Capabilities(local_processes=True)
+LOCAL = Capabilities()
 SSH = Capabilities()
 # Slurm ends the step's tasks itself, places them, and names the nodes only once the
 # allocation runs. Standbys live in a keeper step of their own, beside the attempts' steps,

@@ -20,7 +20,7 @@ from orchestrator.errors import (
     TransportError,
 )
 from orchestrator.planning.gpus import HostGpus, gpu_problems, host_gpus
-from orchestrator.planning.plan import host_labels, initial_hosts, task_slots
+from orchestrator.planning.plan import host_labels, initial_hosts
 from orchestrator.transport.fanout import HostResults, each
 from worker.spec import HOST_PROTOCOL
 
@@ -73,9 +73,6 @@ def preflight(
     not a problem."""
     labels = host_labels(config)
     hosts = initial_hosts(config) if hosts is None else tuple(hosts)
-    slots_per_host = [0] * len(labels)
-    for slot in task_slots(config, hosts):
-        slots_per_host[slot.host_index] += 1
     shared = str(config.job.shared_dir)
     token_dir = f"{shared}/.orchestrate-preflight-{job_id}"
     token = secrets.token_hex(8)
@@ -86,7 +83,8 @@ def preflight(
     def probe(i: int) -> HostReport:
         args = {
             "shared_dir": shared,
-            "ports": slots_per_host[i],
+            # A fixed count of tasks, else ("per_gpu") the probe counts them from the GPUs.
+            "ports": config.backend.host_slots(i) or 1,
             "token_file": f"{token_dir}/{i}",
             "token": f"{token}-{i}",
         }

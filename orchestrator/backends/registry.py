@@ -53,6 +53,9 @@ class BackendPlugin:
     # What `status` calls the job's allocation, from the state the backend keeps for it
     # (`LaunchHooks.remember`); None: nothing to name.
     allocation: Callable[[str], str | None] = _no_allocation
+    # Whether a task (its handle's ref) still runs, told from this machine without opening
+    # the backend (`status` of a job whose supervisor is gone); None: it cannot tell.
+    task_alive_here: Callable[[str], bool] | None = None
 
     @property
     def type(self) -> str:
@@ -80,6 +83,12 @@ def plugin_for(backend_type: str) -> BackendPlugin:
     if plugin is None:
         raise ConfigError(f"backend.type: no backend {backend_type!r} is installed here")
     return plugin
+
+
+def _local_task_alive(ref: str) -> bool:
+    from orchestrator.backends.agents import agent_alive_here
+
+    return agent_alive_here(ref)
 
 
 def _open_local(section: LocalBackend) -> Backend:
@@ -112,7 +121,7 @@ def _slurm_dry_run(config: ClusterConfig) -> list[str]:
     return dry_run_lines(config)
 
 
-register_backend(BackendPlugin(LocalBackend, _open_local, LOCAL))
+register_backend(BackendPlugin(LocalBackend, _open_local, LOCAL, task_alive_here=_local_task_alive))
 register_backend(BackendPlugin(SshBackend, _open_ssh, SSH))
 register_backend(
     BackendPlugin(

@@ -20,8 +20,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from orchestrator.backends.agents import AgentRef
-from orchestrator.backends.base import Launched, LaunchHooks, LaunchRequest, Sweep
+from orchestrator.backends.base import Launched, LaunchHooks, LaunchRequest, Sweep, TaskHandle
 from orchestrator.backends.capabilities import SLURM
 from orchestrator.backends.preflight import step_problems
 from orchestrator.backends.slurm_allocation import (
@@ -43,13 +42,14 @@ from orchestrator.backends.slurm_commands import (
 )
 from orchestrator.backends.slurm_step import Hello, Step
 from orchestrator.config import ClusterConfig, SlurmBackend, slurm_node_label
-from orchestrator.errors import LaunchError, OrchestrateError, PreflightError, TransportError
+from orchestrator.errors import LaunchError, OrchestrateError, PreflightError
 from orchestrator.planning.plan import StepTask, step_plan
 from orchestrator.state.store import JobRecord
 from orchestrator.transport import worker_package
-from orchestrator.transport.base import Observation, ProcessRef, Watching
+from orchestrator.transport.base import Observation, Watching
 from orchestrator.transport.fanout import HostResults
-from orchestrator.transport.local import LocalTransport, watch_here
+from orchestrator.transport.local import LocalTransport
+from worker import host_watch
 from worker.host_watch import file_stamp
 from worker.spec import ENV_JOB_ID, JobLayout
 
@@ -60,37 +60,6 @@ KEEPERS_STOP_GRACE = 5.0  # seconds for the keepers to end their standbys and ex
 # each poll is an RPC to slurmctld).
 QUEUE_POLL = (0.2, 5.0)
 QUEUE_POLL_EAGER = 10.0
-
-
-class SlurmNodeTransport(LocalTransport):
-    """A node of the allocation as the coordinator sees it: its files on the shared directory
-    (read here), and its tasks alive while the step runs."""
-
-    def __init__(self, label: str, python: str, step_alive: Callable[[], bool]) -> None:
-        super().__init__(label, python)
-        self._step_alive = step_alive
-
-    def alive_pids(self, procs: Sequence[ProcessRef]) -> set[int]:
-        return self.alive_pids_of([p.pid for p in procs])
-
-    def observe(
-        self,
-        procs: Sequence[ProcessRef] | None,
-        files: Sequence[tuple[str, int]],
-        timeout: float | None = None,
-        contact: Sequence[int] = (),
-        watching: Watching | None = None,
-    ) -> Observation:
-        return watch_here(procs, files, watching, lambda pids, _: self.alive_pids_of(pids))
-
-    def alive_pids_of(self, pids: list[int]) -> set[int]:
-        return set(pids) if self._step_alive() else set()
-
-    def stop_process_group(self, leader: ProcessRef, grace: float) -> bool:
-        raise TransportError(f"{self.host_label}: Slurm tasks are stopped by their step")
-
-    def stop_job(self, job_id: str, grace: float) -> list[int]:
-        raise TransportError(f"{self.host_label}: Slurm jobs are stopped with scancel")
 
 
 class SlurmHosts:
@@ -106,15 +75,15 @@ class SlurmHosts:
         self.keepers: Step | None = None  # the keeper step of this run of the allocation
         self.owns_allocation = False  # a supervisor's: released when it closes
         self.fresh_run = True  # no step yet since the allocation (re)started: run setup
+        # A node's files as the coordinator sees them: on the shared directory, read here.
         self._transports = [
-            SlurmNodeTransport(slurm_node_label(n), config.python, self.step_alive)
-            for n in range(config.nodes)
+            LocalTransport(slurm_node_label(n), config.python) for n in range(config.nodes)
         ]
 
     def host_count(self) -> int:
         return self.config.nodes
 
-    def transport(self, host_index: int) -> SlurmNodeTransport:
+    def transport(self, host_index: int) -> LocalTransport:
         return self._transports[host_index]
 
     def python(self, host_index: int) -> str:
@@ -132,7 +101,41 @@ class SlurmHosts:
     def lasting_call(self, host_index: int, op: str, args: dict[str, Any], timeout: float) -> Any:
         return self.transport(host_index).worker_call(op, args, timeout=timeout)
 
-    def stop_agents(self, agents: Sequence[AgentRef], grace: float) -> HostResults[int, None]:
+    # --- watching the tasks: alive while their step runs --------------------------------------
+    def observe(
+        self,
+        host_index: int,
+        tasks: Sequence[TaskHandle] | None,
+        files: Sequence[tuple[str, int]],
+        timeout: float | None = None,
+        watching: Watching | None = None,
+    ) -> Observation:
+        """The node's files read here (the shared directory); its tasks alive while the step
+        runs (Slurm ends every task of a step with it)."""
+        seen = host_watch.watch(
+            None if tasks is None else [t.task_index for t in tasks],
+            None,
+            None
+            if watching is None or watching.known_alive is None
+            else sorted(watching.known_alive),
+            list(files),
+            [] if watching is None else list(watching.statuses),
+            0.0 if watching is None else watching.wait,
+            host_watch.STEP if watching is None else watching.step,
+            alive_check=lambda indices, _: set(indices) if self.step_alive() else set(),
+        )
+        return Observation(
+            seen.alive, tuple(seen.logs), tuple(seen.statuses), tuple(seen.keys), seen.urgent
+        )
+
+    def alive_tasks(self, host_index: int, tasks: Sequence[TaskHandle]) -> set[int]:
+        return {t.task_index for t in tasks} if self.step_alive() else set()
+
+    def ask_stacks(self, task: TaskHandle) -> bool:
+        """A step's task is Slurm's process on its node: no agent of ours to signal there."""
+        return False
+
+    def stop_agents(self, agents: Sequence[TaskHandle], grace: float) -> HostResults[int, None]:
         """One step holds every task: scancel it, rather than kill each process."""
         tasks = tuple(a.task_index for a in agents)
         if not agents or self.stop_step(grace):
@@ -230,7 +233,11 @@ class SlurmHosts:
             raise PreflightError(f"preflight failed in the Slurm step: {problems}")
         plan = step_plan(config.job.name, [StepTask(h.node, h.address, h.port) for h in hellos])
         specs = hooks.planned(plan)
-        agents = [AgentRef(h.procid, plan.tasks[h.procid].host_index, h.pid) for h in hellos]
+        # A step's task is named by where it runs: the step, not its pid, says whether it lives.
+        agents = [
+            TaskHandle(h.procid, plan.tasks[h.procid].host_index, f"{h.node}:{h.pid}")
+            for h in hellos
+        ]
         for agent in agents:
             hooks.started(agent)
         for spec in specs:  # each task is waiting for its own: the trainers start now

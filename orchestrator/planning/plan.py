@@ -149,7 +149,7 @@ def step_plan(job_name: str, tasks: Sequence[StepTask]) -> LaunchPlan:
 def dry_run_plan(config: ClusterConfig) -> LaunchPlan:
     """The plan as far as it is known without touching a host (auto ports unresolved)."""
     slots = task_slots(config)
-    return build_plan(config, fixed_ports(config, slots) or [None] * len(slots))
+    return plan_of_slots(config, slots, fixed_ports(config, slots) or [None] * len(slots))
 
 
 def fixed_ports(config: ClusterConfig, slots: Sequence[HostSlot]) -> list[int] | None:
@@ -189,7 +189,7 @@ def plan_on_hosts(
             n = taken.get(slot.host_index, 0)
             taken[slot.host_index] = n + 1
             ports.append(free_ports[slot.host_index][n])
-    return build_plan(config, ports, hosts, gpu_counts)
+    return plan_of_slots(config, slots, ports)
 
 
 def build_plan(
@@ -198,7 +198,13 @@ def build_plan(
     hosts: Sequence[int] | None = None,
     gpu_counts: Mapping[int, int] | None = None,
 ) -> LaunchPlan:
-    slots = task_slots(config, hosts, gpu_counts)
+    return plan_of_slots(config, task_slots(config, hosts, gpu_counts), ports)
+
+
+def plan_of_slots(
+    config: ClusterConfig, slots: Sequence[HostSlot], ports: Sequence[int | None]
+) -> LaunchPlan:
+    """The plan of these slots (task_slots, decided once per launch), a port each."""
     if len(ports) != len(slots):
         raise ValueError(f"need {len(slots)} ports, got {len(ports)}")
     tasks = tuple(

@@ -58,7 +58,6 @@ class TaskRecord:
     address: str
     state: TaskState
     attempt: int = 0
-    agent_pid: int | None = None
     trainer_pid: int | None = None
     exit_code: int | None = None
     epoch: int = 0
@@ -73,7 +72,7 @@ class TaskRecord:
     total_epochs: int = 0  # model.fit's epochs; 0: unknown
     steps_per_epoch: int = 0  # 0: unknown
     epoch_step: int = 0  # batches done in the current epoch
-    agent_ident: str = ""  # worker.proctl.identity of agent_pid on its host
+    agent: str = ""  # its backend's handle of the running task (TaskHandle.ref); "": none
     resources: Resources | None = None  # the agent's latest sample (worker.resources)
     straggler: str = (
         ""  # why it holds the group back, while it does (orchestrator.supervision.stragglers)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from orchestrator.errors import UsageError
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 
 # The first schema. A new store is made as a store of this schema upgraded by every migration
 # below, so that the path an old store takes is the path every new store takes too.
@@ -98,6 +98,14 @@ CREATE INDEX IF NOT EXISTS resource_samples_by_job ON resource_samples(job_id, t
 
 # From each older schema to the next: a store keeps its jobs across upgrades.
 MIGRATIONS = {
+    # A task is named by its backend's handle (an agent's pid and identity, a Slurm step's
+    # task), opaque here.
+    8: [
+        "ALTER TABLE tasks ADD COLUMN agent TEXT NOT NULL DEFAULT ''",
+        "UPDATE tasks SET agent = agent_pid || '/' || agent_ident WHERE agent_pid IS NOT NULL",
+        "ALTER TABLE tasks DROP COLUMN agent_pid",
+        "ALTER TABLE tasks DROP COLUMN agent_ident",
+    ],
     # What a backend keeps for a job is its own (Slurm: its job id), named for no backend.
     7: ["ALTER TABLE jobs RENAME COLUMN scheduler_job TO backend_state"],
     6: ["ALTER TABLE jobs ADD COLUMN forced INTEGER NOT NULL DEFAULT 0"],

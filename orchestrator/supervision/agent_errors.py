@@ -44,7 +44,7 @@ def name_agent_errors(
             continue
         path = str(layout.task_dir(index) / "agent.log")
         try:
-            [log] = backend.transport(host).observe(None, [(path, 0)], timeout=5.0).files
+            [log] = backend.observe(host, None, [(path, 0)], timeout=5.0).files
         except (OrchestrateError, ValueError):
             continue
         if not log or len(log) >= READ_LIMIT:  # none, or only its start could be read

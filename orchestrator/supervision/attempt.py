@@ -8,7 +8,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from orchestrator.backends.agents import AgentRef
+from orchestrator.backends.base import TaskHandle
 from orchestrator.logs.logstream import LogTailer
 from orchestrator.planning.plan import LaunchPlan
 from orchestrator.supervision.observations import TaskObservation
@@ -75,7 +75,7 @@ class Attempt:
 
     number: int
     plan: LaunchPlan
-    agents: list[AgentRef]
+    agents: list[TaskHandle]
     tailers: Mapping[int, LogTailer]
     watch: Watch = field(default_factory=lambda: Watch(started=time.monotonic()))
     gpu_counts: Mapping[int, int] = field(default_factory=dict)  # GPUs per host, at preflight
@@ -84,8 +84,8 @@ class Attempt:
         return tuple(sorted({t.host_index for t in self.plan.tasks}))
 
 
-def agents_by_host(agents: list[AgentRef]) -> dict[int, list[AgentRef]]:
-    by_host: dict[int, list[AgentRef]] = {}
+def agents_by_host(agents: list[TaskHandle]) -> dict[int, list[TaskHandle]]:
+    by_host: dict[int, list[TaskHandle]] = {}
     for agent in agents:
         by_host.setdefault(agent.host_index, []).append(agent)
     return by_host

@@ -14,7 +14,7 @@ from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING
 
 from orchestrator.backends import LaunchRequest
-from orchestrator.backends.agents import AgentRef
+from orchestrator.backends.base import TaskHandle
 from orchestrator.backends.preflight import HostReport, shared_dir_trouble
 from orchestrator.errors import OrchestrateError
 from orchestrator.logs.logstream import LogTailer
@@ -60,8 +60,8 @@ class AttemptControl:
         self.layout = ctx.layout
         self._tailers: dict[int, LogTailer] = {}  # by task: every attempt appends to its log
         self._live: Attempt | None = None  # the attempt started and not yet stopped
-        self._leftovers: list[AgentRef] = []  # agents of earlier attempts we could not stop
-        self._starting: list[AgentRef] = []  # agents started by a launch still under way
+        self._leftovers: list[TaskHandle] = []  # agents of earlier attempts we could not stop
+        self._starting: list[TaskHandle] = []  # agents started by a launch still under way
         self._record_lock = threading.Lock()
 
     # --- starting -----------------------------------------------------------------------
@@ -102,9 +102,7 @@ class AttemptControl:
         tasks = self.store.tasks(self.job_id)
         self.backend.adopt(job, self.layout)
         plan = LaunchPlan(job.name, tuple(map(_task_plan, tasks)))
-        agents = [
-            AgentRef(t.idx, t.host_index, t.agent_pid, t.agent_ident) for t in tasks if t.agent_pid
-        ]
+        agents = [TaskHandle(t.idx, t.host_index, t.agent) for t in tasks if t.agent]
         self._tailers = {t.index: self._tailer(t.index, t.host_index) for t in plan.tasks}
         watch = Watch(started=time.monotonic())
         watch.first_step.update(  # adopted tasks may be past their first step
@@ -143,7 +141,7 @@ class AttemptControl:
             self.config, plan, self.job_id, number, self.backend, since_launch, warm=self.ctx.warm
         )
 
-    def record_agent(self, agent: AgentRef) -> None:
+    def record_agent(self, agent: TaskHandle) -> None:
         """An agent just started (on a launch thread): into the store at once, so that no
         agent runs unrecorded whatever becomes of this process."""
         with self._record_lock:
@@ -152,15 +150,14 @@ class AttemptControl:
                 self.job_id,
                 {
                     agent.task_index: {
-                        "agent_pid": agent.pid,
-                        "agent_ident": agent.ident,
+                        "agent": agent.ref,
                         "state": TaskState.STARTING,
                     }
                 },
             )
 
     # --- stopping -----------------------------------------------------------------------
-    def stop(self, attempt: Attempt, grace: float, lost: Collection[int] = ()) -> list[AgentRef]:
+    def stop(self, attempt: Attempt, grace: float, lost: Collection[int] = ()) -> list[TaskHandle]:
         """Stop every agent's process group; record final states; flush the logs. Agents on
         `lost` hosts are not waited on. Returns the agents whose stop was not confirmed (lost,
         or their host did not answer): recorded UNREACHABLE, and kept to stop again once their
@@ -203,7 +200,7 @@ class AttemptControl:
         gone = [a for a in chosen if a.task_index not in stopped.failed]
         self._leftovers = [a for a in self._leftovers if a not in gone]
         if gone:
-            names = ", ".join(f"worker-{a.task_index} (agent pid {a.pid})" for a in gone)
+            names = ", ".join(f"worker-{a.task_index}" for a in gone)
             self.store.add_event(self.job_id, "cleaned_up", f"stopped leftover {names}")
 
     def end_standbys(self) -> None:
@@ -213,7 +210,7 @@ class AttemptControl:
             self.backend.end_standbys(self.job_id)
 
     @property
-    def leftovers(self) -> list[AgentRef]:
+    def leftovers(self) -> list[TaskHandle]:
         return list(self._leftovers)
 
     def stop_everything(self) -> bool:
@@ -276,7 +273,7 @@ class _Hooks:
     def planned(self, plan: LaunchPlan) -> list[WorkerSpec]:
         return self._control.record_plan(plan, self._number, self._since_launch)
 
-    def started(self, agent: AgentRef) -> None:
+    def started(self, agent: TaskHandle) -> None:
         self._control.record_agent(agent)
 
 

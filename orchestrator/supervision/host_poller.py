@@ -16,10 +16,14 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from orchestrator.config.timing import Timing
 from orchestrator.errors import OrchestrateError
-from orchestrator.transport.base import Observation, ProcessRef, Transport, Watching
+from orchestrator.transport.base import Observation, Watching
+
+if TYPE_CHECKING:
+    from orchestrator.backends.base import Backend, TaskHandle
 
 
 @dataclass(frozen=True)
@@ -40,10 +44,10 @@ class PollResult:
 
 @dataclass(frozen=True)
 class PollTarget:
-    """What one host's poller reads: its agents, and each of their log and status files."""
+    """What one host's poller reads: its tasks, and each of their log and status files."""
 
     host: int
-    procs: tuple[ProcessRef, ...]
+    tasks: tuple[TaskHandle, ...]
     logs: tuple[str, ...]
     statuses: tuple[str, ...]
 
@@ -52,7 +56,7 @@ class HostPoller:
     def __init__(
         self,
         target: PollTarget,
-        transport: Transport,
+        backend: Backend,
         offsets: Sequence[int],
         out: queue.SimpleQueue[PollResult],
         *,
@@ -60,7 +64,7 @@ class HostPoller:
         step: float,
     ) -> None:
         self.target = target
-        self.transport = transport
+        self.backend = backend
         self.out = out
         self.timing = timing
         self.step = step
@@ -89,11 +93,11 @@ class HostPoller:
                                 wait, self.step)  # fmt: skip
             timeout = self.timing.read_timeout(wait, time.monotonic() - last_ok)
             try:
-                seen = self.transport.observe(
-                    t.procs,
+                seen = self.backend.observe(
+                    t.host,
+                    t.tasks,
                     list(zip(t.logs, offsets, strict=True)),
                     timeout=timeout,
-                    contact=[p.pid for p in t.procs],
                     watching=watching,
                 )
             except OrchestrateError as exc:

@@ -45,9 +45,9 @@ def take_stacks(
         return decision
     asked = []
     for agent in attempt.agents:
-        transport = backend.transport(agent.host_index)
         try:
-            transport.worker_call("ask_stacks", {"pid": agent.pid, "ident": agent.ident}, 5.0)
+            if not backend.ask_stacks(agent):
+                continue
         except OrchestrateError:
             continue
         asked.append(agent)

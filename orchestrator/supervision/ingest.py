@@ -10,7 +10,7 @@ import time
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 
-from orchestrator.backends.agents import AgentRef
+from orchestrator.backends.base import TaskHandle
 from orchestrator.logs.logstream import LineSink
 from orchestrator.planning.plan import TaskPlan
 from orchestrator.state.states import TaskState
@@ -93,7 +93,7 @@ class Ingest:
     def _take(
         self,
         attempt: Attempt,
-        agents: list[AgentRef],
+        agents: list[TaskHandle],
         result: PollResult,
         now_mono: float,
         now: float,
@@ -103,7 +103,7 @@ class Ingest:
         watch = attempt.watch
         seen = result.seen
         assert seen is not None
-        alive = seen.alive if seen.alive is not None else {a.pid for a in agents}
+        alive = seen.alive if seen.alive is not None else {a.task_index for a in agents}
         for k, agent in enumerate(agents):
             i = agent.task_index
             task = attempt.plan.tasks[i]
@@ -120,7 +120,7 @@ class Ingest:
                 watch.status[i] = status
                 self._status_seen(attempt, i, status, now_mono, now, round_)
             status = watch.status[i]
-            state = task_state_of(status, agent.pid in alive)
+            state = task_state_of(status, i in alive)
             last = watch.last.get(i, {})
             if last.get("state") != state:
                 round_.updates.setdefault(i, {})["state"] = state

@@ -18,14 +18,13 @@ if TYPE_CHECKING:
 
 def unsupervised_check(job: JobRecord, task: TaskRecord) -> str | None:
     """What status can tell of a task the store says runs, its job's supervisor being gone:
-    'alive' or 'gone' where its agent is on this machine (checked by pid and identity), else
-    'unconfirmed'. None: the task ended."""
+    'alive' or 'gone' where its backend can tell from this machine (an agent of this machine,
+    by its handle), else 'unconfirmed'. None: the task ended."""
     if task.state.is_terminal():
         return None
-    if task.agent_pid and _local_processes(job.backend):
-        from worker.proctl import is_same
-
-        return "alive" if is_same(task.agent_pid, task.agent_ident) else "gone"
+    plugin = _plugin(job.backend) if task.agent else None
+    if plugin is not None and plugin.task_alive_here is not None:
+        return "alive" if plugin.task_alive_here(task.agent) else "gone"
     return "unconfirmed"
 
 
@@ -37,11 +36,6 @@ def _plugin(backend_type: str) -> BackendPlugin | None:
         return plugin_for(backend_type)
     except OrchestrateError:  # a plug-in no longer installed here: say what is known
         return None
-
-
-def _local_processes(backend_type: str) -> bool:
-    plugin = _plugin(backend_type)
-    return plugin is not None and plugin.capabilities.local_processes
 
 
 def _allocation(job: JobRecord) -> str | None:
@@ -85,7 +79,7 @@ def job_view(job: JobRecord, tasks: list[TaskRecord], now: float) -> dict[str, A
                 "host": t.host,
                 "address": t.address,
                 "state": t.state.value,
-                "agent_pid": t.agent_pid,
+                "agent": t.agent or None,
                 "pid": t.trainer_pid,
                 "exit_code": t.exit_code,
                 "attempt": t.attempt,

@@ -330,7 +330,7 @@ class Supervisor:
         # The chief succeeded: the others are normally exiting too; give them a moment.
         deadline = time.monotonic() + self.config.supervision.stop_grace
         while time.monotonic() < deadline and not self.stop_requested.is_set():
-            if not self.tick.alive_agents(attempt.agents):
+            if not self.tick.alive_tasks(attempt.agents):
                 break
             time.sleep(self.config.supervision.poll_interval)
         self.attempts.stop(attempt, self.config.supervision.stop_grace + AGENT_STOP_MARGIN)

@@ -16,7 +16,7 @@ import time
 from collections.abc import Collection
 from typing import TYPE_CHECKING
 
-from orchestrator.backends.agents import AgentRef, TransportHosts
+from orchestrator.backends.base import Backend, TaskHandle
 from orchestrator.supervision.attempt import Attempt, agents_by_host
 from orchestrator.supervision.host_poller import HostPoller, PollResult, PollTarget
 from orchestrator.supervision.ingest import Ingest
@@ -33,7 +33,7 @@ class Tick:
     being watched, and a thread pool for one-off rounds."""
 
     def __init__(self, ctx: SupervisionContext) -> None:
-        self.backend: TransportHosts = ctx.backend
+        self.backend: Backend = ctx.backend
         self.layout = ctx.layout
         self.timing = ctx.timing
         instrumented = ctx.config.entrypoint.instrument
@@ -57,7 +57,7 @@ class Tick:
             target = self._target(h, agents)
             poller = HostPoller(
                 target,
-                self.backend.transport(h),
+                self.backend,
                 [attempt.tailers[a.task_index].offset for a in agents],
                 self._answers,
                 timing=self.timing,
@@ -124,9 +124,7 @@ class Tick:
             timeout = self.timing.read_timeout(0.0, watch.answered_ago(h, now))
             files = [*zip(target.logs, offsets, strict=True),
                      *((path, 0) for path in target.statuses)]  # fmt: skip
-            seen = self.backend.transport(h).observe(
-                target.procs, files, timeout=timeout, contact=[a.pid for a in by_host[h]]
-            )
+            seen = self.backend.observe(h, target.tasks, files, timeout=timeout)
             n = len(offsets)
             keys = tuple(host_watch.status_key(raw) for raw in seen.files[n:])
             seen = dataclasses.replace(seen, files=seen.files[:n], statuses=seen.files[n:],
@@ -140,22 +138,22 @@ class Tick:
         # of the hosts read beside it.
         return self._ingest.ingest(attempt, results, skip, now)
 
-    def _target(self, host: int, agents: list[AgentRef]) -> PollTarget:
+    def _target(self, host: int, agents: list[TaskHandle]) -> PollTarget:
         return PollTarget(
             host,
-            tuple(a.process for a in agents),
+            tuple(agents),
             tuple(str(self.layout.log_path(a.task_index)) for a in agents),
             tuple(str(self.layout.status_path(a.task_index)) for a in agents),
         )
 
-    def alive_agents(self, agents: list[AgentRef]) -> set[int]:
-        by_host = agents_by_host(agents)
+    def alive_tasks(self, tasks: list[TaskHandle]) -> set[int]:
+        """The indices of these tasks that still run (or whose host did not answer)."""
+        by_host = agents_by_host(tasks)
 
         def check(host_index: int) -> set[int]:
-            procs = [a.process for a in by_host[host_index]]
-            return self.backend.transport(host_index).alive_pids(procs)
+            return self.backend.alive_tasks(host_index, by_host[host_index])
 
         results = self.fanout.each(by_host, check)
         return set().union(  # unreachable for now is not proof of death
-            *results.values(), *({a.pid for a in by_host[h]} for h in results.failed)
+            *results.values(), *({t.task_index for t in by_host[h]} for h in results.failed)
         )

@@ -144,6 +144,11 @@ class Transport(Protocol):
         never signalled."""
         ...
 
+    def ask_stacks(self, agent: ProcessRef) -> bool:
+        """Ask this agent (worker.stacks; checked by identity) to have its trainer write its
+        stacks; False: no such agent."""
+        ...
+
     def stop_job(self, job_id: str, grace: float) -> list[int]:
         """Stop every process of the job on the host, found by ORCHESTRATE_JOB_ID in its
         environment (recorded or not); return the pids left alive."""

@@ -15,14 +15,14 @@ from typing import Any
 from orchestrator.errors import TransportError
 from orchestrator.state.paths import user_umask
 from orchestrator.transport import worker_package
-from orchestrator.transport.base import CommandResult, Observation, ProcessRef, Watching
+from orchestrator.transport.base import CommandResult, ProcessRef
 from orchestrator.transport.host_ops import HostOps
-from worker import host_watch, hostd, proctl
+from worker import hostd, proctl
 from worker.atomic import makedirs_private, write_bytes_atomic
 
 # Questions about this machine's processes: answered the same from any of its interpreters
 # (they read /proc and send signals), so in this process even where the job has its own.
-IN_PROCESS_OPS = frozenset({"alive", "stop", "stop_job"})
+IN_PROCESS_OPS = frozenset({"alive", "stop", "stop_job", "watch"})
 
 
 class LocalTransport(HostOps):
@@ -32,6 +32,8 @@ class LocalTransport(HostOps):
 
     def worker_call(self, op: str, args: dict[str, Any], timeout: float | None = None) -> Any:
         if self.python == sys.executable or op in IN_PROCESS_OPS:  # no process needed
+            if op == "watch":  # one machine: no partition to guard against, no contact marks
+                args = {**args, "contact": []}
             try:
                 return hostd.handle(op, args)
             except (OSError, ValueError, KeyError) as exc:
@@ -135,41 +137,8 @@ class LocalTransport(HostOps):
         except FileNotFoundError:
             return None
 
-    def observe(
-        self,
-        procs: Sequence[ProcessRef] | None,
-        files: Sequence[tuple[str, int]],
-        timeout: float | None = None,
-        contact: Sequence[int] = (),
-        watching: Watching | None = None,
-    ) -> Observation:
-        # One machine: no partition to guard against, so no contact to record.
-        return watch_here(procs, files, watching, proctl.alive)
-
     def close(self) -> None:
         pass
-
-
-def watch_here(
-    procs: Sequence[ProcessRef] | None,
-    files: Sequence[tuple[str, int]],
-    watching: Watching | None,
-    alive_check: host_watch.AliveCheck,
-) -> Observation:
-    """Transport.observe on this machine's files, with this liveness check (in this thread)."""
-    seen = host_watch.watch(
-        None if procs is None else [p.pid for p in procs],
-        None if procs is None else [p.ident for p in procs],
-        None if watching is None or watching.known_alive is None else sorted(watching.known_alive),
-        list(files),
-        [] if watching is None else list(watching.statuses),
-        0.0 if watching is None else watching.wait,
-        host_watch.STEP if watching is None else watching.step,
-        alive_check=alive_check,
-    )
-    return Observation(
-        seen.alive, tuple(seen.logs), tuple(seen.statuses), tuple(seen.keys), seen.urgent
-    )
 
 
 def _merged_env(env: Mapping[str, str] | None) -> dict[str, str] | None:

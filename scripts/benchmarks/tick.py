@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from orchestrator.backends import open_backend
-from orchestrator.backends.agents import AgentRef
+from orchestrator.backends.base import TaskHandle
 from orchestrator.config import load_config
 from orchestrator.logs.logstream import LineSink, LogTailer
 from orchestrator.planning.plan import LaunchPlan, TaskPlan
@@ -46,12 +46,13 @@ def tick_times(config_path: Path, root: Path, ticks: int) -> dict[str, float]:
     plan = LaunchPlan(
         job.name, tuple(TaskPlan(i, i, f"host-{i}", f"h{i}", 2222) for i in range(hosts))
     )
-    # pid 1 lives on every host; the status files are absent (a task still starting)
+    # pid 1 (handle "1/": any identity) lives on every host; the status files are absent (a
+    # task still starting)
     tailers = {
         i: LogTailer(backend.transport(i), str(sup.layout.log_path(i))) for i in range(hosts)
     }
     watch = Watch(started=time.monotonic())
-    group = Attempt(0, plan, [AgentRef(i, i, 1) for i in range(hosts)], tailers, watch)
+    group = Attempt(0, plan, [TaskHandle(i, i, "1/") for i in range(hosts)], tailers, watch)
     by_host = agents_by_host(group.agents)
     try:
         sup.tick.observe(group)  # connects every host

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from orchestrator.backends.agents import agent_pid
 from scripts.soak.beds import HOST_TIMEOUT, KEEPALIVE
 
 REPO = Path(__file__).resolve().parents[2]
@@ -185,7 +186,8 @@ def check_fault(cli: Cli, fault: Fault, before: dict[str, Any]) -> None:
                 f"the job did not train again within 120 s: {where(cli, fault)}"
             )
         return
-    gone = before["tasks"][fault.task]["pid" if fault.kind != "agent_kill" else "agent_pid"]
+    task = before["tasks"][fault.task]
+    gone = agent_pid(task["agent"]) if fault.kind == "agent_kill" else task["pid"]
     killed = fault.kind in ("trainer_kill", "agent_kill", "host_reboot")
     resumed_by_hand: list[object] = []
 
@@ -193,7 +195,7 @@ def check_fault(cli: Cli, fault: Fault, before: dict[str, Any]) -> None:
         v = cli.view(fault.job)
         late = time.time() - fault.at > HOST_TIMEOUT + KEEPALIVE + 0.5
         for t in v["tasks"]:  # a dead process shown running well after its death: a lie
-            shown = t["state"] == "running" and gone in (t["pid"], t["agent_pid"])
+            shown = t["state"] == "running" and gone in (t["pid"], agent_pid(t["agent"]))
             if late and killed and shown and not runs_in_job(gone, fault.job):
                 fault.violations.append(f"status shows pid {gone} running after its death")
         if v["state"] == "failed" and fault.kind == "link_long" and not resumed_by_hand:

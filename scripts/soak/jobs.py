@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from orchestrator.backends.agents import agent_pid
 from scripts.soak.beds import LocalBed, later
 from scripts.soak.checks import (
     PROGRESS_TIMEOUT,
@@ -76,7 +77,7 @@ def signal_in_job(pid: object, job: str, sig: int) -> None:
 def check_pids(v: dict[str, Any], task: int, kind: str) -> None:
     """Only the job's own processes are ever signalled: each pid is checked right before."""
     t = v["tasks"][task]
-    pid = t["agent_pid"] if kind == "agent_kill" else t["pid"]
+    pid = agent_pid(t["agent"]) if kind == "agent_kill" else t["pid"]
     if not runs_in_job(pid, v["id"]):
         raise SystemExit(f"chaos: pid {pid} is not a live process of {v['id']}")
     if kind in ("supervisor_kill", "supervisor_stall"):
@@ -95,7 +96,7 @@ def inject(
     if kind in signals:
         signal_in_job(t["pid"], v["id"], signals[kind])
     elif kind == "agent_kill":
-        signal_in_job(t["agent_pid"], v["id"], signal.SIGKILL)
+        signal_in_job(agent_pid(t["agent"]), v["id"], signal.SIGKILL)
     elif kind == "supervisor_stall":
         pid = v["supervisor"]["pid"]
         signal_supervisor(pid, v["id"], signal.SIGSTOP)

@@ -22,13 +22,21 @@ from typing import Annotated, Any, Literal
 from pydantic import Field
 
 from orchestrator.backends import BackendPlugin, register_backend
-from orchestrator.backends.agents import AgentRef, start_agents, stop_agent_groups
-from orchestrator.backends.base import Launched, LaunchHooks, LaunchRequest, Sweep
+from orchestrator.backends.agents import (
+    agent_alive_here,
+    alive_agents,
+    ask_agent_stacks,
+    observe_agents,
+    start_agents,
+    stop_agent_groups,
+)
+from orchestrator.backends.base import Launched, LaunchHooks, LaunchRequest, Sweep, TaskHandle
 from orchestrator.backends.capabilities import Capabilities
 from orchestrator.backends.preflight import preflight
 from orchestrator.config import BackendSection, HostPlace
 from orchestrator.planning.plan import plan_on_hosts
 from orchestrator.state.store import JobRecord
+from orchestrator.transport.base import Observation, Watching
 from orchestrator.transport.fanout import HostResults, each
 from orchestrator.transport.local import LocalTransport
 from worker.spec import JobLayout
@@ -44,7 +52,7 @@ class LoopbackSection(BackendSection):
         return tuple(HostPlace(f"lo-{a.rpartition('.')[2]}", a) for a in self.addresses)
 
 
-CAPABILITIES = Capabilities(warm_restarts=False, local_processes=True)
+CAPABILITIES = Capabilities(warm_restarts=False)
 
 
 class LoopbackHosts:
@@ -81,7 +89,24 @@ class LoopbackHosts:
         agents = start_agents(self, plan, specs, config.supervision.stop_grace, hooks.started)
         return Launched(plan, agents)
 
-    def stop_agents(self, agents: Sequence[AgentRef], grace: float) -> HostResults[int, None]:
+    def observe(
+        self,
+        host_index: int,
+        tasks: Sequence[TaskHandle] | None,
+        files: Sequence[tuple[str, int]],
+        timeout: float | None = None,
+        watching: Watching | None = None,
+    ) -> Observation:
+        return observe_agents(self.transport(host_index), tasks, files, timeout, watching)
+
+    def alive_tasks(self, host_index: int, tasks: Sequence[TaskHandle]) -> set[int]:
+        return alive_agents(self.transport(host_index), tasks)
+
+    def ask_stacks(self, task: TaskHandle) -> bool:
+        self._called("ask_stacks")
+        return ask_agent_stacks(self.transport(task.host_index), task)
+
+    def stop_agents(self, agents: Sequence[TaskHandle], grace: float) -> HostResults[int, None]:
         self._called(f"stop {sorted(a.task_index for a in agents)}")
         return stop_agent_groups(self, agents, grace)
 
@@ -118,5 +143,7 @@ class LoopbackHosts:
         self._called("close")
 
 
-PLUGIN = BackendPlugin(LoopbackSection, LoopbackHosts, CAPABILITIES)
+PLUGIN = BackendPlugin(
+    LoopbackSection, LoopbackHosts, CAPABILITIES, task_alive_here=agent_alive_here
+)
 register_backend(PLUGIN)

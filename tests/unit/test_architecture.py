@@ -235,3 +235,20 @@ def test_only_the_ingest_touches_a_watchs_fields_and_the_rest_ask_it() -> None:
             if pattern.search(line):
                 reads.append(f"{path.relative_to(REPO)}:{n}: {line.strip()}")
     assert reads == []
+
+
+def test_a_task_is_named_by_its_backend_handle_and_only_the_backends_read_it() -> None:
+    """How a backend finds a task (an agent's pid and identity, a Slurm step) stays behind the
+    seam: outside backends/ (and the transport that carries process questions), no code names a
+    process reference or reads a handle's `ref`, but the one line that records it as given."""
+    found = []
+    pattern = re.compile(r"\bProcessRef\b|\bagent_process\b|\bagent_handle\b|\.ref\b")
+    for path in sorted((REPO / "orchestrator").rglob("*.py")):
+        rel = str(path.relative_to(REPO))
+        if rel.startswith(("orchestrator/backends/", "orchestrator/transport/")):
+            continue
+        for line in path.read_text().splitlines():
+            code = line.split("#")[0].strip()
+            if pattern.search(code):
+                found.append(f"{rel}: {code}")
+    assert found == ['orchestrator/supervision/attempt_control.py: "agent": agent.ref,']

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.backends.agents import AgentRef
+from orchestrator.backends.base import TaskHandle
 from orchestrator.config import ClusterConfig, parse_config
 from orchestrator.config.timing import Timing
 from orchestrator.logs.logstream import LineSink
@@ -50,7 +50,7 @@ def hosts_for(tmp_path: Path, cfg: ClusterConfig) -> tuple[Hosts, Store, str]:
 
 def attempt_on(hosts: tuple[int, ...], watch: Watch) -> Attempt:
     plan = LaunchPlan("loss", tuple(TaskPlan(i, h, f"h{h}", "a", 1) for i, h in enumerate(hosts)))
-    return Attempt(0, plan, [AgentRef(i, h, 1) for i, h in enumerate(hosts)], {}, watch)
+    return Attempt(0, plan, [TaskHandle(i, h, "1/") for i, h in enumerate(hosts)], {}, watch)
 
 
 def test_a_host_is_lost_only_once_its_reads_failed_for_host_timeout(tmp_path: Path) -> None:

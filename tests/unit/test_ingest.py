@@ -7,7 +7,7 @@ import io
 import json
 from pathlib import Path
 
-from orchestrator.backends.agents import AgentRef
+from orchestrator.backends.base import TaskHandle
 from orchestrator.errors import TransportError
 from orchestrator.logs.logstream import LineSink, LogTailer
 from orchestrator.planning.plan import LaunchPlan, TaskPlan
@@ -33,13 +33,13 @@ def setup(tmp_path: Path, attempt: int = 0) -> tuple[Ingest, Attempt, Store, io.
     ingest = Ingest(store, JOB, LineSink(tmp_path / "copies", console), instrumented=True)
     plan = LaunchPlan("unit", tuple(TaskPlan(i, i, f"h{i}", f"10.0.0.{i}", 1) for i in range(2)))
     tailers = {i: LogTailer(None, f"/x/{i}.log") for i in range(2)}  # type: ignore[arg-type]
-    agents = [AgentRef(i, i, 100 + i) for i in range(2)]
+    agents = [TaskHandle(i, i, f"{100 + i}/") for i in range(2)]
     return ingest, Attempt(attempt, plan, agents, tailers, Watch(started=10.0)), store, console
 
 
 def answer(host: int, status: TaskStatus | None, log: bytes = b"", at: float = 11.0) -> PollResult:
     raw = None if status is None else json.dumps(status.to_dict()).encode()
-    seen = Observation({100 + host}, (log,), (raw,), ("k",))
+    seen = Observation({host}, (log,), (raw,), ("k",))  # one task per host: task `host`
     return PollResult(host, at, (0,), seen=seen)
 
 
@@ -85,7 +85,7 @@ def test_a_host_that_fails_a_read_keeps_its_tasks_last_state_and_ages(tmp_path: 
 def test_log_lines_are_streamed_once_with_the_task_prefix(tmp_path: Path) -> None:
     ingest, attempt, _, console = setup(tmp_path)
     ingest.ingest(attempt, [answer(0, running(1), log=b"one\ntw")], at=20.0)
-    stale = PollResult(0, 21.0, (0,), seen=Observation({100}, (b"one\ntw",), (None,), ("k",)))
+    stale = PollResult(0, 21.0, (0,), seen=Observation({0}, (b"one\ntw",), (None,), ("k",)))
     ingest.ingest(attempt, [stale], at=21.0)  # read at an offset already taken: dropped
     assert attempt.tailers[0].offset == len(b"one\ntw")
     printed = console.getvalue()

@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import shlex
 import stat
@@ -28,7 +27,7 @@ from fabric import Connection
 from orchestrator.config import SshBackend, SshHost
 from orchestrator.errors import TransportError
 from orchestrator.transport import worker_package
-from orchestrator.transport.base import CommandResult, Observation, ProcessRef, Watching
+from orchestrator.transport.base import CommandResult, ProcessRef
 from orchestrator.transport.host_ops import HostOps
 from orchestrator.transport.ssh.connect import (
     NETWORK_ERRORS,
@@ -301,23 +300,13 @@ class SshTransport(HostOps):
         limit = timeout or self.backend.command_timeout
         return self._retrying(op, lambda: self._helper_call(op, args, limit))
 
-    def observe(
-        self,
-        procs: Sequence[ProcessRef] | None,
-        files: Sequence[tuple[str, int]],
-        timeout: float | None = None,
-        contact: Sequence[int] = (),
-        watching: Watching | None = None,
-    ) -> Observation:
+    def observe_call(self, args: dict[str, Any], timeout: float | None) -> Any:
         # One helper request instead of SFTP open/read/close per file: one round trip a read.
-        args = _watch_args(procs, files, contact, watching)
-        limit = timeout or self.backend.connect_timeout
-        try:  # one try: a lost host must be seen within host_timeout, not after retries
-            reply = self._helper_call("watch", args, limit)
+        try:  # one try (no reconnect and retry): a lost host must be seen within host_timeout
+            return self._helper_call("watch", args, timeout or self.backend.connect_timeout)
         except NETWORK_ERRORS as exc:
             self.close()
             raise TransportError(f"{self.host_label}: observe failed: {exc}") from None
-        return _observation_of(reply)
 
 
 def _sftp_makedirs(sftp: paramiko.SFTPClient, path: str) -> None:
@@ -329,43 +318,3 @@ def _sftp_makedirs(sftp: paramiko.SFTPClient, path: str) -> None:
             sftp.stat(str(current))
         except FileNotFoundError:
             sftp.mkdir(str(current), mode=0o700)
-
-
-def _watch_args(
-    procs: Sequence[ProcessRef] | None,
-    files: Sequence[tuple[str, int]],
-    contact: Sequence[int],
-    watching: Watching | None,
-) -> dict[str, Any]:
-    """The host helper's `watch` request (worker.hostd); without `watching`, answered at once."""
-    args: dict[str, Any] = {
-        "pids": None,
-        "logs": [list(f) for f in files],
-        "contact": list(contact),
-    }
-    if procs is not None:
-        args.update(pids=[p.pid for p in procs], idents=[p.ident for p in procs])
-    if watching is not None:
-        known = watching.known_alive
-        args.update(
-            known_alive=None if known is None else sorted(known),
-            statuses=[list(s) for s in watching.statuses],
-            wait=watching.wait,
-            step=watching.step,
-        )
-    return args
-
-
-def _decoded(items: list[str | None]) -> tuple[bytes | None, ...]:
-    return tuple(None if d is None else base64.b64decode(d) for d in items)
-
-
-def _observation_of(reply: dict[str, Any]) -> Observation:
-    alive = reply["alive"]
-    return Observation(
-        None if alive is None else set(alive),
-        _decoded(reply["logs"]),
-        _decoded(reply.get("statuses", [])),
-        tuple(reply.get("keys", [])),
-        bool(reply.get("urgent")),
-    )
