@@ -16,8 +16,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.backends.agents import agent_handle, alive_agents, observe_agents
-from orchestrator.backends.base import TaskHandle
+from orchestrator.backends.agents import AgentTasks, agent_handle
 from orchestrator.backends.capabilities import Capabilities
 from orchestrator.config import load_config
 from orchestrator.config.timing import Timing
@@ -77,7 +76,7 @@ class MemoryHost:
         raise AssertionError(f"a tick should not call {name}")
 
 
-class MemoryBackend:
+class MemoryBackend(AgentTasks):
     kind = "memory"
     capabilities = Capabilities(warm_restarts=False)
 
@@ -93,19 +92,6 @@ class MemoryBackend:
 
     def python(self, host_index: int) -> str:
         return "python3"
-
-    def observe(
-        self,
-        host_index: int,
-        tasks: Sequence[TaskHandle] | None,
-        files: Sequence[tuple[str, int]],
-        timeout: float | None = None,
-        watching: Any = None,
-    ) -> Observation:
-        return observe_agents(self.transport(host_index), tasks, files, timeout, watching)
-
-    def alive_tasks(self, host_index: int, tasks: Sequence[TaskHandle]) -> set[int]:
-        return alive_agents(self.transport(host_index), tasks)
 
     def close(self) -> None:
         pass

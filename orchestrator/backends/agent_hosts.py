@@ -8,28 +8,22 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from orchestrator.backends.agents import (
-    alive_agents,
-    ask_agent_stacks,
-    observe_agents,
-    start_agents,
-    stop_agent_groups,
-)
-from orchestrator.backends.base import Launched, LaunchHooks, LaunchRequest, Sweep, TaskHandle
+from orchestrator.backends.agents import AgentTasks, start_agents
+from orchestrator.backends.base import Launched, LaunchHooks, LaunchRequest, Sweep
 from orchestrator.backends.capabilities import Capabilities
 from orchestrator.backends.preflight import HostReport, preflight
 from orchestrator.config import ClusterConfig
 from orchestrator.planning.gpus import summary
 from orchestrator.planning.plan import LaunchPlan, plan_on_hosts
 from orchestrator.state.store import JobRecord
-from orchestrator.transport.base import Observation, Transport, Watching
+from orchestrator.transport.base import Transport
 from orchestrator.transport.fanout import HostResults, each
 from worker.spec import JobLayout
 
 STANDBY_CALL_TIMEOUT = 30.0
 
 
-class AgentHosts:
+class AgentHosts(AgentTasks):
     kind = ""
     capabilities = Capabilities()
 
@@ -73,26 +67,6 @@ class AgentHosts:
         specs = hooks.planned(plan)
         agents = start_agents(self, plan, specs, config.supervision.stop_grace, hooks.started)
         return Launched(plan, agents, gpu_counts)
-
-    def stop_agents(self, agents: Sequence[TaskHandle], grace: float) -> HostResults[int, None]:
-        return stop_agent_groups(self, agents, grace)
-
-    # --- watching the tasks: their agents' processes --------------------------------------
-    def observe(
-        self,
-        host_index: int,
-        tasks: Sequence[TaskHandle] | None,
-        files: Sequence[tuple[str, int]],
-        timeout: float | None = None,
-        watching: Watching | None = None,
-    ) -> Observation:
-        return observe_agents(self.transport(host_index), tasks, files, timeout, watching)
-
-    def alive_tasks(self, host_index: int, tasks: Sequence[TaskHandle]) -> set[int]:
-        return alive_agents(self.transport(host_index), tasks)
-
-    def ask_stacks(self, task: TaskHandle) -> bool:
-        return ask_agent_stacks(self.transport(task.host_index), task)
 
     def adopt(self, job: JobRecord, layout: JobLayout) -> None:
         """Nothing of ours to find: the agents are in the store."""

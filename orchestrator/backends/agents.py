@@ -83,7 +83,7 @@ def start_agents(
     results = each(range(len(plan.tasks)), start)
     if not results.ok:
         started = results.values()
-        stop_agent_groups(hosts, started, stop_grace + AGENT_STOP_MARGIN)
+        stop_agent_groups(hosts.transport, started, stop_grace + AGENT_STOP_MARGIN)
         detail = "; ".join(
             f"worker-{i}@{plan.tasks[i].host_label}: "
             + (str(results.failed[i]) if i in results.failed else "started, then stopped")
@@ -94,7 +94,7 @@ def start_agents(
 
 
 def stop_agent_groups(
-    hosts: TransportHosts, agents: Sequence[TaskHandle], grace: float
+    transport: Callable[[int], Transport], agents: Sequence[TaskHandle], grace: float
 ) -> HostResults[int, None]:
     """Stop each agent's whole process group in parallel (SIGTERM, grace, SIGKILL), keyed by
     task index: a task succeeds when nothing of it is left, and fails when its host could not be
@@ -108,43 +108,52 @@ def stop_agent_groups(
         process = agent_process(agent)
         if process.pid <= 1:  # names no process: nothing of it to stop
             return
-        if not hosts.transport(agent.host_index).stop_process_group(process, grace):
+        if not transport(agent.host_index).stop_process_group(process, grace):
             raise LaunchError(f"agent {process.pid} still running after {grace:g}s")
 
     return each(by_task, stop)
 
 
-def observe_agents(
-    transport: Transport,
-    tasks: Sequence[TaskHandle] | None,
-    files: Sequence[tuple[str, int]],
-    timeout: float | None,
-    watching: Watching | None,
-) -> Observation:
-    """Backend.observe for tasks that are agents on this transport's host: their processes'
-    liveness (as task indices) and the files, in one round trip, and each agent told that
-    its coordinator still reaches it (worker.contact)."""
-    if tasks is None:
-        return transport.observe(None, files, timeout=timeout)
-    procs = [agent_process(t) for t in tasks]
-    task_of = {p.pid: t.task_index for p, t in zip(procs, tasks, strict=True)}
-    if watching is not None and watching.known_alive is not None:
-        known = frozenset(p.pid for p, t in zip(procs, tasks, strict=True)
-                          if t.task_index in watching.known_alive)  # fmt: skip
-        watching = dataclasses.replace(watching, known_alive=known)
-    seen = transport.observe(procs, files, timeout, [p.pid for p in procs], watching)
-    if seen.alive is None:
-        return seen
-    return dataclasses.replace(seen, alive={task_of[p] for p in seen.alive if p in task_of})
+class AgentTasks:
+    """The Backend calls for tasks that are agents this backend starts itself over each host's
+    transport: observed, checked, asked for stacks and stopped through their processes. A
+    backend mixes it in and says how each host is reached (`transport`)."""
 
+    def transport(self, host_index: int) -> Transport:
+        raise NotImplementedError
 
-def alive_agents(transport: Transport, tasks: Sequence[TaskHandle]) -> set[int]:
-    """Backend.alive_tasks for agents on this transport's host."""
-    procs = [agent_process(t) for t in tasks]
-    alive = transport.alive_pids(procs)
-    return {t.task_index for p, t in zip(procs, tasks, strict=True) if p.pid in alive}
+    def observe(
+        self,
+        host_index: int,
+        tasks: Sequence[TaskHandle] | None,
+        files: Sequence[tuple[str, int]],
+        timeout: float | None = None,
+        watching: Watching | None = None,
+    ) -> Observation:
+        """Their processes' liveness (as task indices) and the files, in one round trip, each
+        agent told that its coordinator still reaches it (worker.contact)."""
+        transport = self.transport(host_index)
+        if tasks is None:
+            return transport.observe(None, files, timeout=timeout)
+        procs = [agent_process(t) for t in tasks]
+        task_of = {p.pid: t.task_index for p, t in zip(procs, tasks, strict=True)}
+        if watching is not None and watching.known_alive is not None:
+            known = frozenset(p.pid for p, t in zip(procs, tasks, strict=True)
+                              if t.task_index in watching.known_alive)  # fmt: skip
+            watching = dataclasses.replace(watching, known_alive=known)
+        seen = transport.observe(procs, files, timeout, [p.pid for p in procs], watching)
+        if seen.alive is None:
+            return seen
+        return dataclasses.replace(seen, alive={task_of[p] for p in seen.alive if p in task_of})
 
+    def alive_tasks(self, host_index: int, tasks: Sequence[TaskHandle]) -> set[int]:
+        procs = [agent_process(t) for t in tasks]
+        alive = self.transport(host_index).alive_pids(procs)
+        return {t.task_index for p, t in zip(procs, tasks, strict=True) if p.pid in alive}
 
-def ask_agent_stacks(transport: Transport, task: TaskHandle) -> bool:
-    """Backend.ask_stacks for an agent: it signals its trainer (checked by identity)."""
-    return transport.ask_stacks(agent_process(task))
+    def ask_stacks(self, task: TaskHandle) -> bool:
+        """The agent signals its trainer (checked by identity)."""
+        return self.transport(task.host_index).ask_stacks(agent_process(task))
+
+    def stop_agents(self, agents: Sequence[TaskHandle], grace: float) -> HostResults[int, None]:
+        return stop_agent_groups(self.transport, agents, grace)

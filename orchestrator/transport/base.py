@@ -58,8 +58,10 @@ class Watching:
     step: float  # seconds between the host's looks
 
 
-class Transport(Protocol):
-    """What the coordinator may do on one host. Paths are the host's own (POSIX) paths."""
+class HostChannel(Protocol):
+    """What each transport implements for one host: run a command, start one detached, talk to
+    the host helper, move files. Paths are the host's own (POSIX) paths. The questions about
+    the host's processes are built on it once (transport.host_ops.HostOps)."""
 
     host_label: str
     python: str  # the host's interpreter (it needs TensorFlow, not this package)
@@ -118,6 +120,18 @@ class Transport(Protocol):
         """The bytes of path from offset to its end; None when the file does not exist."""
         ...
 
+    def observe_call(self, args: dict[str, Any], timeout: float | None) -> Any:
+        """The helper's `watch` message, tried once (worker_call retries a dropped connection:
+        a supervisor's read must fail within its timeout instead)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class Transport(HostChannel, Protocol):
+    """What the coordinator may do on one host: the channel, and the questions about the host's
+    processes built on it (HostOps)."""
+
     def alive_pids(self, procs: Sequence[ProcessRef]) -> set[int]:
         """Which of these processes run (zombies do not; nor does a pid now someone else's)."""
         ...
@@ -153,5 +167,3 @@ class Transport(Protocol):
         """Stop every process of the job on the host, found by ORCHESTRATE_JOB_ID in its
         environment (recorded or not); return the pids left alive."""
         ...
-
-    def close(self) -> None: ...

@@ -22,21 +22,13 @@ from typing import Annotated, Any, Literal
 from pydantic import Field
 
 from orchestrator.backends import BackendPlugin, register_backend
-from orchestrator.backends.agents import (
-    agent_alive_here,
-    alive_agents,
-    ask_agent_stacks,
-    observe_agents,
-    start_agents,
-    stop_agent_groups,
-)
+from orchestrator.backends.agents import AgentTasks, agent_alive_here, start_agents
 from orchestrator.backends.base import Launched, LaunchHooks, LaunchRequest, Sweep, TaskHandle
 from orchestrator.backends.capabilities import Capabilities
 from orchestrator.backends.preflight import preflight
 from orchestrator.config import BackendSection, HostPlace
 from orchestrator.planning.plan import plan_on_hosts
 from orchestrator.state.store import JobRecord
-from orchestrator.transport.base import Observation, Watching
 from orchestrator.transport.fanout import HostResults, each
 from orchestrator.transport.local import LocalTransport
 from worker.spec import JobLayout
@@ -55,7 +47,7 @@ class LoopbackSection(BackendSection):
 CAPABILITIES = Capabilities(warm_restarts=False)
 
 
-class LoopbackHosts:
+class LoopbackHosts(AgentTasks):
     kind = "loopback"
     capabilities = CAPABILITIES
 
@@ -89,26 +81,13 @@ class LoopbackHosts:
         agents = start_agents(self, plan, specs, config.supervision.stop_grace, hooks.started)
         return Launched(plan, agents)
 
-    def observe(
-        self,
-        host_index: int,
-        tasks: Sequence[TaskHandle] | None,
-        files: Sequence[tuple[str, int]],
-        timeout: float | None = None,
-        watching: Watching | None = None,
-    ) -> Observation:
-        return observe_agents(self.transport(host_index), tasks, files, timeout, watching)
-
-    def alive_tasks(self, host_index: int, tasks: Sequence[TaskHandle]) -> set[int]:
-        return alive_agents(self.transport(host_index), tasks)
-
     def ask_stacks(self, task: TaskHandle) -> bool:
         self._called("ask_stacks")
-        return ask_agent_stacks(self.transport(task.host_index), task)
+        return super().ask_stacks(task)
 
     def stop_agents(self, agents: Sequence[TaskHandle], grace: float) -> HostResults[int, None]:
         self._called(f"stop {sorted(a.task_index for a in agents)}")
-        return stop_agent_groups(self, agents, grace)
+        return super().stop_agents(agents, grace)
 
     def adopt(self, job: JobRecord, layout: JobLayout) -> None:
         self._called("adopt")

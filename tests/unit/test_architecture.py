@@ -252,3 +252,23 @@ def test_a_task_is_named_by_its_backend_handle_and_only_the_backends_read_it() -
             if pattern.search(code):
                 found.append(f"{rel}: {code}")
     assert found == ['orchestrator/supervision/attempt_control.py: "agent": agent.ref,']
+
+
+def test_a_transport_implements_the_channel_and_never_the_host_operations_again() -> None:
+    """HostOps builds observe, liveness, stops and stacks once over the host helper; each
+    transport only carries the messages (transport.base.HostChannel)."""
+    from orchestrator.transport.base import HostChannel, Transport
+    from orchestrator.transport.host_ops import HostOps
+
+    built_once = {n for n in vars(Transport) if not n.startswith("_")} - set(vars(HostChannel))
+    assert built_once == {"alive_pids", "observe", "stop_process_group", "ask_stacks", "stop_job"}
+    assert built_once <= set(vars(HostOps))
+    again = []
+    for path in sorted((REPO / "orchestrator" / "transport").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef) and node.name != "HostOps":
+                bases = {ast.unparse(b) for b in node.bases}
+                if "HostOps" in bases:
+                    defined = {f.name for f in node.body if isinstance(f, ast.FunctionDef)}
+                    again += [f"{path.name}: {node.name}.{n}" for n in defined & built_once]
+    assert again == []
