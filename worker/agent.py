@@ -22,7 +22,7 @@ from pathlib import Path
 from types import FrameType
 from typing import BinaryIO
 
-from worker import ship, stacks
+from worker import container, ship, stacks
 from worker.children import BOOTSTRAP, die_with_parent, exit_waiter
 from worker.contact import cut_off, forget, peer_endpoints
 from worker.proctl import HURRY, not_nested
@@ -77,7 +77,7 @@ def trainer_env(spec: WorkerSpec) -> dict[str, str]:
         }
     )
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
-    copy = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
+    copy = _package_parent()
     if not spec.instrument and os.path.basename(copy).startswith(ship.PREFIX):
         # No bootstrap to put the shipped package on the path: `-m worker.examples...` and
         # `from worker import runtime` find it as where orchestrate is installed.
@@ -87,6 +87,11 @@ def trainer_env(spec: WorkerSpec) -> dict[str, str]:
     if spec.warm_restart and spec.warm_imports:
         env[ENV_RECORD_IMPORTS] = "1"
     return env
+
+
+def _package_parent() -> str:
+    """The directory this worker package is in (the shipped copy on a host)."""
+    return os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
 
 
 def trainer_argv(spec: WorkerSpec) -> list[str]:
@@ -144,12 +149,16 @@ class Agent:
             standby = AgentStandby(spec, trainer_env(spec), note, self._stop_requested, phase)
             self._standby = standby
             self._trainer = standby.warm_start(str(self.log_path))
+            argv, env, image = trainer_argv(spec), trainer_env(spec), None
+            if spec.container and self._trainer is None:
+                image, argv, env = container.for_task(spec, argv, env, _package_parent())
+                note(f"the trainer runs in {image.image} ({image.runtime}: {image.name})")
             if self._trainer is None:
                 try:
                     self._trainer = subprocess.Popen(
-                        trainer_argv(spec),
+                        argv,
                         cwd=spec.workdir,
-                        env=trainer_env(spec),
+                        env=env,
                         stdin=subprocess.DEVNULL,
                         stdout=log,
                         stderr=subprocess.STDOUT,
@@ -167,6 +176,8 @@ class Agent:
                 standby.prepare()
             state = self._final_state(code)
             _note(log, f"trainer exited with code {code} ({state})")
+            if image is not None:  # its runtime client may have been killed before cleaning up
+                container.remove(image)
             standby.close()
         # The final status is what tells the coordinator how the trainer ended: keep trying a
         # while if the shared directory refuses it (full, or gone read-only for a moment).

@@ -14,7 +14,7 @@ from worker.atomic import write_bytes_atomic, write_json_atomic
 
 __all__ = ["write_bytes_atomic", "write_json_atomic"]  # re-exported: part of the contract
 
-SPEC_VERSION = 4
+SPEC_VERSION = 5
 # The host helper's request set and the spec it starts agents with. The coordinator refuses a
 # host whose worker package answers with another (an older orchestrate installed there): bump
 # it when a helper operation or the spec changes. 3: the spec gained `instrument`. 4: processes
@@ -157,8 +157,7 @@ class WorkerSpec:
     preemption_exit_code: int = 42
     # Start the entrypoint through worker.bootstrap (progress, phases, preemption for any script).
     instrument: bool = True
-    # Stop the trainer when the coordinator has not reached this host for this long and no
-    # peer answers either (worker.contact); 0: never.
+    # Stop the trainer when neither the coordinator nor a peer reaches it (worker.contact).
     orphan_timeout: float = 0.0
     # Keep a standby interpreter with TensorFlow imported for the next attempt (worker.warm),
     warm_restart: bool = False
@@ -174,6 +173,7 @@ class WorkerSpec:
     # Seconds from the job's launch to this spec, by the coordinator's clock: the agent adds its
     # own monotonic time to it (TensorBoard's step), so no host's clock is compared with ours.
     since_launch: float = 0.0
+    container: dict[str, Any] | None = None  # the trainer's image (worker.container); None: host
     version: int = SPEC_VERSION
 
     @property

@@ -4,6 +4,7 @@ with documented fields (docs/commands-json.md), built from the same values the t
 from __future__ import annotations
 
 import json
+import os
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -40,7 +41,7 @@ def validated(path: str, cfg: ClusterConfig, plan: LaunchPlan) -> dict[str, Any]
 
 def dry_run_plan_doc(cfg: ClusterConfig) -> dict[str, Any]:
     from orchestrator.planning.plan import dry_run_plan, per_gpu_hosts
-    from orchestrator.planning.task_specs import entrypoint_command
+    from orchestrator.planning.task_specs import container_argv, entrypoint_command
 
     plan = dry_run_plan(cfg)
     per_gpu = set(per_gpu_hosts(cfg))
@@ -61,6 +62,9 @@ def dry_run_plan_doc(cfg: ClusterConfig) -> dict[str, Any]:
                 "gpus": list(t.gpus),
                 "gpus_counted_at_launch": t.host_index in per_gpu,
                 "tf_config": json.loads(plan.tf_config_json(t.index)),
+                "container": container_argv(
+                    cfg, t, os.getuid()
+                ),  # null: the trainer runs on the host
             }
             for t in plan.tasks
         ],

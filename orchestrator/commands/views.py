@@ -7,6 +7,8 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
+import shlex
 import sys
 import time
 from typing import TYPE_CHECKING, Any
@@ -236,7 +238,7 @@ def render_dry_run(cfg: ClusterConfig) -> None:
     """`launch --dry-run`: the plan, the trainer's command and each task's TF_CONFIG."""
     from orchestrator.planning.gpus import task_env
     from orchestrator.planning.plan import dry_run_plan, per_gpu_hosts
-    from orchestrator.planning.task_specs import entrypoint_command
+    from orchestrator.planning.task_specs import container_argv, entrypoint_command
 
     plan = dry_run_plan(cfg)
     per_gpu = set(per_gpu_hosts(cfg))
@@ -245,7 +247,8 @@ def render_dry_run(cfg: ClusterConfig) -> None:
         f"{cfg.backend.type} backend, shared_dir {cfg.job.shared_dir}"
     )
     through = " (through orchestrate's bootstrap)" if cfg.entrypoint.instrument else ""
-    _write(f"trainer: {' '.join(entrypoint_command(cfg, '<python>'))}{through}")
+    python = cfg.container.python if cfg.container else "<python>"
+    _write(f"trainer: {' '.join(entrypoint_command(cfg, python))}{through}")
     for task in plan.tasks:
         gpus = ""
         if task.host_index in per_gpu:
@@ -258,6 +261,8 @@ def render_dry_run(cfg: ClusterConfig) -> None:
             f"{' chief' if task.is_chief else ''}{gpus}"
         )
         _write(f"  TF_CONFIG={plan.tf_config_json(task.index)}")
+        if (runs := container_argv(cfg, task, os.getuid())) is not None:
+            _write(f"  in the image: {shlex.join(runs)}")
     if any(t.gpus for t in plan.tasks):
         env = task_env(["<its GPUs>"], cfg.strategy.gpu_memory_growth)
         _write(

@@ -9,6 +9,7 @@ from typing import Annotated, Literal, get_args
 from pydantic import AfterValidator, BeforeValidator, Field, Strict, model_validator
 
 from orchestrator.config.base import LOOPBACK, BackendSection, ConfigModel, HostPlace
+from orchestrator.config.container import ContainerSection
 from orchestrator.config.values import (
     MAX_PORT,
     MAX_RESTARTS,
@@ -357,3 +358,5 @@ class ClusterConfig(ConfigModel):
     restart: RestartSection = RestartSection()
     strategy: StrategySection = StrategySection()
     notify: NotifySection = NotifySection()
+    # The trainer runs inside this image (the agent stays on the host); absent: on the host.
+    container: ContainerSection | None = None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from orchestrator.config.container import check_container
 from orchestrator.config.model import (
     PER_GPU,
     ClusterConfig,
@@ -80,6 +81,9 @@ def check_semantics(config: ClusterConfig, source: str) -> None:
             f"but the backend plans {tasks}: use one worker (or multi_worker_mirrored)"
         )
     _check_exec_size(config.entrypoint, source)
+    if config.container is not None:
+        check_container(config.container, config.job.shared_dir, source,
+                        on_slurm=isinstance(backend, SlurmBackend))  # fmt: skip
     _check_keepalive(config, source)
     _check_heartbeat(config, source)
 

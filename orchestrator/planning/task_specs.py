@@ -4,12 +4,13 @@ backend can do."""
 
 from __future__ import annotations
 
-from typing import Protocol
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 from orchestrator.config import ClusterConfig
 from orchestrator.config.timing import Timing
 from orchestrator.planning.gpus import task_env
-from orchestrator.planning.plan import LaunchPlan
+from orchestrator.planning.plan import LaunchPlan, TaskPlan
 from worker.spec import ENV_PROFILE_STEPS, ENV_STRATEGY, JobLayout, WorkerSpec
 
 
@@ -63,7 +64,8 @@ def make_specs(
             task_type=task.type,
             host_label=task.host_label,
             tf_config=plan.tf_config(task.index),
-            argv=entrypoint_command(config, backend.python(task.host_index)),
+            argv=entrypoint_command(config, trainer_python(config, backend, task.host_index)),
+            container=container_of(config, task.gpus),
             env={
                 **task_env(task.gpus, config.strategy.gpu_memory_growth),
                 **config.entrypoint.env,  # its own TF_FORCE_GPU_ALLOW_GROWTH wins
@@ -93,11 +95,47 @@ def make_specs(
     ]
 
 
+def trainer_python(config: ClusterConfig, backend: SpecHosts, host_index: int) -> str:
+    """The interpreter that runs the entrypoint: the image's, or the host's."""
+    return config.container.python if config.container else backend.python(host_index)
+
+
+def container_of(config: ClusterConfig, gpus: Sequence[int]) -> dict[str, Any] | None:
+    """What the agent needs to start its trainer in the image (worker.container)."""
+    c = config.container
+    if c is None:
+        return None
+    return {"runtime": c.runtime, "image": c.image, "mounts": list(c.mounts),
+            "args": list(c.args), "gpus": list(gpus)}  # fmt: skip
+
+
+def container_argv(config: ClusterConfig, task: TaskPlan, uid: int) -> list[str] | None:
+    """What a task's agent runs to start its trainer in the image, as `launch --dry-run`
+    shows it (as user `uid`): the paths and variables a host decides at launch by name."""
+    from worker.container import run_argv, task_container
+
+    section = container_of(config, task.gpus)
+    if section is None or config.container is None:
+        return None
+    argv = entrypoint_command(config, config.container.python)
+    if config.entrypoint.instrument:
+        argv[1:1] = ["<worker copy>/worker/bootstrap.py"]
+    container = task_container(
+        section, job_id="<job>", task_index=task.index, attempt=0,
+        shared_dir=str(config.job.shared_dir), workdir=str(config.entrypoint.workdir),
+        argv=argv, copy="<worker copy>",
+    )  # fmt: skip
+    names = ["TF_CONFIG", "TF_USE_LEGACY_KERAS", "ORCHESTRATE_*", *config.entrypoint.env]
+    return run_argv(container, argv, str(config.entrypoint.workdir), names, uid=uid, gid=uid)
+
+
 def warm_restarts(config: ClusterConfig, backend: SpecHosts) -> bool:
+    # A standby is an interpreter on the host: a trainer in an image restarts cold.
     return (
         config.restart.warm_restart
         and config.entrypoint.instrument
         and backend.capabilities.warm_restarts
+        and config.container is None
     )
 
 

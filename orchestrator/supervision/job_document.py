@@ -4,12 +4,14 @@ of each task)."""
 
 from __future__ import annotations
 
+import json
 import time
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.state.host_pool import HostPool, describe_hosts
 from orchestrator.state.job_records import supervisor_alive
 from orchestrator.state.store import JobRecord, Store, TaskRecord
+from worker.container import container_name
 from worker.spec import StepSignal, remaining_steps
 
 if TYPE_CHECKING:
@@ -38,6 +40,14 @@ def _plugin(backend_type: str) -> BackendPlugin | None:
         return None
 
 
+def _named_containers(job: JobRecord) -> bool:
+    """Whether the job's trainers run in named containers (podman, Docker)."""
+    if '"container"' not in job.config_json:  # most jobs: nothing to parse
+        return False
+    section = json.loads(job.config_json).get("container") or {}
+    return section.get("runtime") in ("podman", "docker")
+
+
 def _allocation(job: JobRecord) -> str | None:
     """The backend's name for what it holds for the job (a Slurm job id); None: nothing."""
     if not job.backend_state:  # most jobs: no backend imported for status
@@ -49,6 +59,7 @@ def _allocation(job: JobRecord) -> str | None:
 def job_view(job: JobRecord, tasks: list[TaskRecord], now: float) -> dict[str, Any]:
     alive = None if job.state.is_terminal() else supervisor_alive(job)
     pool = HostPool.from_json(job.hosts_json)
+    named = _named_containers(job)
     return {
         "id": job.id,
         "name": job.name,
@@ -80,6 +91,8 @@ def job_view(job: JobRecord, tasks: list[TaskRecord], now: float) -> dict[str, A
                 "address": t.address,
                 "state": t.state.value,
                 "agent": t.agent or None,
+                # its trainer's container (podman, Docker); null: none, or not named
+                "container": container_name(job.id, t.idx, t.attempt) if named else None,
                 "pid": t.trainer_pid,
                 "exit_code": t.exit_code,
                 "attempt": t.attempt,

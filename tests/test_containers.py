@@ -1,0 +1,139 @@
+"""The trainer in a real container image (podman from Debian's packages, an image built from the
+package registries by tests/images/tf_image.py): the bundled example trains in it with two
+tasks, a stop and a killed agent leave no container of the job, and the trainer's environment
+is passed by name."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from orchestrator.backends.agents import agent_pid
+from tests.conftest import (
+    IN_CI,
+    CliResult,
+    job_processes,
+    launch_detached,
+    signal_job_process,
+    status_json,
+    wait_for,
+    wait_for_end,
+)
+
+pytestmark = pytest.mark.timeout(900)
+
+
+@pytest.fixture(scope="module")
+def tf_image() -> Iterator[str]:
+    why = None
+    if shutil.which("podman") is None:
+        why = "podman is not installed (apt-get install podman)"
+    elif shutil.which("debootstrap") is None:
+        why = "debootstrap is not installed (apt-get install debootstrap): the image is built"
+    elif os.geteuid() != 0:
+        why = "the image is built as root (debootstrap)"
+    if why is not None:
+        if IN_CI:
+            pytest.fail(f"container tests under CI: {why}")
+        pytest.skip(why)
+    from tests.images.tf_image import ensure_image, podman_env
+
+    name, seconds = ensure_image()
+    if seconds is not None:
+        print(f"built {name} in {seconds:.0f} s")
+    with pytest.MonkeyPatch.context() as patch:  # the CLI, supervisors and agents inherit it
+        for key, value in podman_env().items():
+            patch.setenv(key, value)
+        yield name
+
+
+def containers_of(job_id: str) -> list[str]:
+    out = subprocess.run(
+        ["podman", "ps", "--all", "--quiet", "--filter", f"label=orchestrate.job={job_id}"],
+        capture_output=True, text=True, check=True, timeout=60,
+    )  # fmt: skip
+    return out.stdout.split()
+
+
+def image_config(tmp_path: Path, image: str, args: list[str], restart: str = "") -> Path:
+    shared = tmp_path / "shared"
+    shared.mkdir(exist_ok=True)
+    path = tmp_path / "cluster.toml"
+    path.write_text(
+        f'[job]\nname = "img"\nshared_dir = "{shared}"\n'
+        f'[entrypoint]\nmodule = "worker.examples.digits"\nargs = {json.dumps(args)}\n'
+        'env = { TF_CPP_MIN_LOG_LEVEL = "2", SECRET_TOKEN = "not-on-a-command-line" }\n'
+        '[backend]\ntype = "local"\nworkers = 2\n'
+        "[supervision]\nheartbeat_interval = 0.5\nstop_grace = 5.0\n"
+        f"[restart]\nbackoff = 0.2\n{restart}\n"
+        f'[container]\nimage = "{image}"\n'
+    )
+    return path
+
+
+def test_the_example_trains_in_the_image_and_leaves_no_container(
+    tmp_path: Path, cli: Callable[..., CliResult], reap_pids: list[int], tf_image: str
+) -> None:
+    path = image_config(tmp_path, tf_image, ["--epochs", "2"])
+    job_id = launch_detached(cli, path, reap_pids)
+    running = wait_for(lambda: containers_of(job_id), 120)
+    assert len(running) == 2  # type: ignore[arg-type]
+    names = [t["container"] for t in status_json(cli, job_id)["jobs"][0]["tasks"]]
+    assert names == [f"orchestrate-{job_id}-0-0", f"orchestrate-{job_id}-1-0"]
+    job = wait_for_end(cli, job_id, timeout=600)
+    assert job["state"] == "succeeded", job["last_cause"]
+    for i in range(2):
+        log = (tmp_path / "shared" / job_id / "logs" / f"worker-{i}.log").read_text()
+        assert f"the trainer runs in {tf_image} (podman: orchestrate-{job_id}-{i}-0)" in log
+        assert "Epoch 2/2" in log
+    # The image's interpreter ran it (Debian's, not this machine's), and no value of the
+    # environment was on a command line.
+    trainer = json.loads((tmp_path / "shared" / job_id / "tasks" / "0" / "status.json").read_text())
+    assert trainer["state"] == "succeeded"
+    assert containers_of(job_id) == []
+    assert job_processes(job_id) == []
+
+
+def test_a_stop_and_a_killed_agent_leave_no_container_and_no_process(
+    tmp_path: Path, cli: Callable[..., CliResult], reap_pids: list[int], tf_image: str
+) -> None:
+    path = image_config(tmp_path, tf_image, ["--epochs", "400"])
+    job_id = launch_detached(cli, path, reap_pids)
+
+    def training() -> dict | None:
+        job = status_json(cli, job_id)["jobs"][0]
+        return job if all(t["step"] > 0 for t in job["tasks"]) else None
+
+    job = wait_for(training, 300, interval=0.5)
+    # The secret is passed by name: no process of the job shows its value in its argv.
+    for pid in job_processes(job_id):
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            assert b"not-on-a-command-line" not in fh.read()
+    # A killed agent: its trainer (whose parent is the runtime's monitor) ends with it, and
+    # the group restarts, each task in a container of the next attempt.
+    agent = agent_pid(job["tasks"][1]["agent"])  # type: ignore[index]
+    assert agent is not None
+    signal_job_process(agent, job_id, signal.SIGKILL)
+    wait_for(lambda: any(n.endswith("-1") for n in names_of(job_id)), 240)
+    wait_for(training, 300, interval=0.5)
+    assert cli("stop", job_id).code == 0
+    job = wait_for_end(cli, job_id)
+    assert job["state"] == "stopped"
+    wait_for(lambda: containers_of(job_id) == [], 60)
+    assert job_processes(job_id) == []
+
+
+def names_of(job_id: str) -> list[str]:
+    out = subprocess.run(
+        ["podman", "ps", "--all", "--format", "{{.Names}}", "--filter",
+         f"label=orchestrate.job={job_id}"],
+        capture_output=True, text=True, check=True, timeout=60,
+    )  # fmt: skip
+    return out.stdout.split()

@@ -1,0 +1,166 @@
+"""`[container]`: each runtime's command line against its documented flags, the rules that refuse
+a bad section before anything starts, and what the agent runs for a task."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from orchestrator.config import load_config
+from orchestrator.errors import ConfigError
+from orchestrator.planning.plan import dry_run_plan
+from orchestrator.planning.task_specs import container_argv, warm_restarts
+from worker import container
+from worker.container import Container, listing_argv, remove_argv, run_argv
+from worker.spec import WorkerSpec
+
+COMMAND = ["python3", "/copy/worker/bootstrap.py", "/code/train.py", "--epochs", "3"]
+
+
+def one(runtime: str, gpus: tuple[int, ...] = ()) -> Container:
+    return Container(runtime, "img:1", "orchestrate-j-0-0", "j",
+                     mounts=("/copy:/copy:ro", "/shared:/shared"), args=("--shm-size=1g",),
+                     gpus=gpus)  # fmt: skip
+
+
+def test_podman_runs_the_trainer_on_the_hosts_network_and_pids_with_env_by_name() -> None:
+    argv = run_argv(one("podman", (2, 3)), COMMAND, "/code", ["TF_CONFIG", "A"], uid=1000, gid=100)
+    assert argv[:3] == ["podman", "run", "--rm"]
+    for flag in ("--network=host", "--pid=host", "--ipc=host", "--userns=keep-id"):
+        assert flag in argv
+    assert argv[argv.index("--name") + 1] == "orchestrate-j-0-0"
+    assert argv[argv.index("--label") + 1] == "orchestrate.job=j"
+    assert argv[argv.index("--workdir") + 1] == "/code"
+    # CDI names each GPU of the slot (podman run --device nvidia.com/gpu=N)
+    assert [a for a in argv if a.startswith("--device")] == [
+        "--device=nvidia.com/gpu=2", "--device=nvidia.com/gpu=3"
+    ]  # fmt: skip
+    volumes = [argv[i + 1] for i, a in enumerate(argv) if a == "--volume"]
+    assert volumes == ["/copy:/copy:ro", "/shared:/shared"]
+    # --env NAME takes the value from the client's environment: no value on the command line
+    assert [argv[i + 1] for i, a in enumerate(argv) if a == "--env"] == ["A", "TF_CONFIG"]
+    image = argv.index("img:1")
+    assert argv[image - 1] == "--shm-size=1g" and argv[image + 1 :] == COMMAND
+
+
+def test_podman_as_root_keeps_root_and_docker_runs_as_the_user_with_its_gpus() -> None:
+    assert "--userns=keep-id" not in run_argv(one("podman"), COMMAND, "/", [], uid=0, gid=0)
+    argv = run_argv(one("docker", (1,)), COMMAND, "/code", ["X"], uid=1000, gid=100)
+    assert argv[:3] == ["docker", "run", "--rm"]
+    assert argv[argv.index("--user") + 1] == "1000:100"
+    assert argv[argv.index("--gpus") + 1] == '"device=1"'  # docker run --gpus '"device=1"'
+    assert "--device=nvidia.com/gpu=1" not in argv
+
+
+def test_apptainer_execs_with_binds_and_nv_and_pyxis_is_srun_container_flags() -> None:
+    argv = run_argv(one("apptainer", (0,)), COMMAND, "/code", ["TF_CONFIG"], uid=1, gid=1)
+    assert argv[:4] == ["apptainer", "exec", "--pwd", "/code"]
+    assert "--nv" in argv
+    assert [argv[i + 1] for i, a in enumerate(argv) if a == "--bind"] == [
+        "/copy:/copy:ro", "/shared:/shared"
+    ]  # fmt: skip
+    assert argv[argv.index("img:1") + 1 :] == COMMAND
+    assert "--nv" not in run_argv(one("apptainer"), COMMAND, "/code", [], uid=1, gid=1)
+    srun = run_argv(one("pyxis"), COMMAND, "/code", [], uid=1, gid=1)
+    assert srun[0] == "srun"
+    assert "--container-image=img:1" in srun
+    assert "--container-mounts=/copy:/copy:ro,/shared:/shared" in srun
+    assert "--container-workdir=/code" in srun
+    assert srun[-len(COMMAND) :] == COMMAND
+
+
+def test_a_task_container_is_removed_by_name_and_a_job_s_found_by_label() -> None:
+    assert remove_argv(one("podman")) == [
+        "podman", "rm", "--force", "--ignore", "--time", "0", "orchestrate-j-0-0"
+    ]  # fmt: skip
+    assert remove_argv(one("docker")) == ["docker", "rm", "--force", "orchestrate-j-0-0"]
+    assert remove_argv(one("apptainer")) is None  # no container outlives its process
+    assert listing_argv("podman", "podman", "j") == [
+        "podman", "ps", "--all", "--quiet", "--filter", "label=orchestrate.job=j"
+    ]  # fmt: skip
+    assert listing_argv("pyxis", "srun", "j") is None
+
+
+def write_config(tmp_path: Path, container_lines: str, backend: str = "") -> Path:
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    path = tmp_path / "cluster.toml"
+    path.write_text(
+        f'[job]\nname = "c"\nshared_dir = "{tmp_path}/shared"\n'
+        '[entrypoint]\nscript = "train.py"\nenv = {"SECRET_TOKEN" = "s3cret"}\n'
+        + (backend or '[backend]\ntype = "local"\nworkers = 2\n')
+        + "[container]\n"
+        + container_lines
+    )
+    (tmp_path / "shared").mkdir(exist_ok=True)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("lines", "said"),
+    [
+        ('image = "img"\nruntime = "pyxis"\n', "container.runtime: pyxis runs containers in Slurm"),
+        ('image = "img"\nruntime = "lxc"\n', "container.runtime"),
+        ('image = "-it"\n', "container.image: must be an image reference"),
+        ('image = "img"\nmounts = ["/data"]\n', "container.mounts[0]: must be SRC:DST"),
+        ('image = "img"\nmounts = ["/d:/data:rx"]\n', "container.mounts[0]: must be SRC:DST"),
+        ('image = "img"\nmounts = ["/a:/a", "/x:/"]\n', "container.mounts[1]: '/' would hide"),
+        ('image = "img"\npython = "python3 -u"\n', "container.python: must be one executable"),
+        ('runtime = "podman"\n', "container.image: required key is missing"),
+    ],
+)
+def test_a_bad_container_section_is_one_line_naming_its_key(
+    tmp_path: Path, lines: str, said: str
+) -> None:
+    with pytest.raises(ConfigError, match="^" + str(tmp_path)) as caught:
+        load_config(write_config(tmp_path, lines))
+    assert said in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_a_mount_over_the_shared_dir_is_refused(tmp_path: Path) -> None:
+    lines = f'image = "img"\nmounts = ["/elsewhere:{tmp_path}/shared/ckpt"]\n'
+    with pytest.raises(ConfigError, match=r"container.mounts\[0\]: .* would hide job.shared_dir"):
+        load_config(write_config(tmp_path, lines))
+
+
+def test_the_dry_run_command_mounts_what_the_trainer_needs_and_restarts_are_cold(
+    tmp_path: Path,
+) -> None:
+    config = load_config(write_config(tmp_path, 'image = "img"\nmounts = ["/data:/data:ro"]\n'))
+    plan = dry_run_plan(config)
+    argv = container_argv(config, plan.tasks[1], uid=1000)
+    assert argv is not None and argv[:2] == ["podman", "run"]
+    volumes = [argv[i + 1] for i, a in enumerate(argv) if a == "--volume"]
+    assert volumes == ["<worker copy>:<worker copy>:ro", f"{tmp_path}/shared:{tmp_path}/shared",
+                       f"{tmp_path}:{tmp_path}", "/data:/data:ro"]  # fmt: skip
+    assert "s3cret" not in " ".join(argv) and "SECRET_TOKEN" in argv  # by name only
+    assert argv[-2:] == ["<worker copy>/worker/bootstrap.py", str(tmp_path / "train.py")]
+
+    class Backend:
+        class capabilities:
+            warm_restarts = True
+
+    assert not warm_restarts(config, Backend())  # type: ignore[arg-type]
+
+
+def test_the_agent_runs_its_trainer_through_the_runtime_with_env_by_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HOME_ONLY", "host")
+    spec = WorkerSpec(
+        job_id="j1", task_index=1, host_label="h", tf_config={}, attempt=2,
+        argv=["python3", "/c/worker/bootstrap.py", f"{tmp_path}/train.py"],
+        workdir=str(tmp_path), shared_dir=f"{tmp_path}/shared", env={"SECRET_TOKEN": "x"},
+        container={"runtime": "podman", "image": "img", "mounts": [], "args": [], "gpus": [4]},
+    )  # fmt: skip
+    env = {**os.environ, "TF_CONFIG": "{}", "SECRET_TOKEN": "x", "CUDA_VISIBLE_DEVICES": "4"}
+    image, argv, client_env = container.for_task(spec, list(spec.argv), env, "/c")
+    assert image.name == "orchestrate-j1-1-2"
+    passed = {argv[i + 1] for i, a in enumerate(argv) if a == "--env"}
+    assert {"TF_CONFIG", "SECRET_TOKEN", "CUDA_VISIBLE_DEVICES", container.ENV_AGENT_PID} <= passed
+    assert "HOME_ONLY" not in passed and "PATH" not in passed
+    assert client_env["CUDA_VISIBLE_DEVICES"] == "0"  # the slot's GPU 4 is the image's 0
+    assert "--device=nvidia.com/gpu=4" in argv
+    assert client_env[container.ENV_AGENT_PID] == str(os.getpid())
+    assert "x" not in argv

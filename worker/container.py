@@ -1,0 +1,215 @@
+"""The trainer inside a container image: each runtime's command line, built from one section of
+cluster.toml (`[container]`). The agent stays on the host and starts the trainer through the
+runtime; the coordinator prints the same lines in `launch --dry-run`. Standard library only.
+
+Every runtime gets the same promises:
+- host networking (the planned MWMS ports are the host's) and the host's PID namespace (the
+  trainer is a process of the host: liveness, signals, stacks and resource samples reach it);
+- the paths the trainer needs mounted at the same paths (the shipped worker copy, shared_dir,
+  the script's directory, the working directory), and the user's own `mounts`;
+- the trainer's environment passed by name from the runtime client's own (values never on a
+  command line: a TF_CONFIG or a secret is not shown in `ps`);
+- a name and a label with the job's id (podman, Docker): a stop removes the container by its
+  name, a sweep every container with the label.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import signal
+import subprocess
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from worker.spec import WorkerSpec
+
+RUNTIMES = ("podman", "docker", "apptainer", "pyxis")
+JOB_LABEL = "orchestrate.job"  # each container's label: the job's id
+
+
+@dataclass(frozen=True)
+class Container:
+    """One task's container: the `[container]` section as the agent applies it."""
+
+    runtime: str  # one of RUNTIMES
+    image: str
+    name: str  # unique per task and attempt (podman, Docker)
+    job_id: str
+    mounts: tuple[str, ...] = ()  # "SRC:DST" or "SRC:DST:ro": ours first, then the user's
+    args: tuple[str, ...] = ()  # extra runtime arguments, as the user wrote them
+    gpus: tuple[int, ...] = ()  # the task's GPUs on its host (its slot's)
+    executable: str = ""  # the runtime's program ("": its usual name)
+
+    @property
+    def program(self) -> str:
+        return self.executable or {"pyxis": "srun"}.get(self.runtime, self.runtime)
+
+
+def container_name(job_id: str, task_index: int, attempt: int) -> str:
+    """A task's container, one per attempt: what `status` shows and a stop removes."""
+    return f"orchestrate-{job_id}-{task_index}-{attempt}"
+
+
+def mount_of(path: str, read_only: bool = False) -> str:
+    """A path mounted at the same path inside the image."""
+    return f"{path}:{path}:ro" if read_only else f"{path}:{path}"
+
+
+def run_argv(
+    c: Container,
+    command: Sequence[str],
+    workdir: str,
+    env_names: Iterable[str],
+    *,
+    uid: int,
+    gid: int,
+) -> list[str]:
+    """The argv that runs `command` (the trainer's: [python, ...] as inside the image) in the
+    image, from `workdir`, with these environment variables passed by name. `uid`/`gid`: the
+    user the files it writes must belong to (the agent's own)."""
+    names = sorted(set(env_names))
+    if c.runtime in ("podman", "docker"):
+        argv = [c.program, "run", "--rm", "--name", c.name, "--label", f"{JOB_LABEL}={c.job_id}",
+                "--network=host", "--pid=host", "--ipc=host",
+                "--workdir", workdir]  # fmt: skip
+        if c.runtime == "podman":
+            # Rootless: the user's own uid inside (files on shared_dir stay theirs); as root,
+            # root inside.
+            argv += ["--userns=keep-id"] if uid != 0 else []
+            argv += [f"--device=nvidia.com/gpu={g}" for g in c.gpus]  # CDI
+        else:
+            argv += ["--user", f"{uid}:{gid}"]
+            argv += ["--gpus", f'"device={",".join(map(str, c.gpus))}"'] if c.gpus else []
+        for mount in c.mounts:
+            argv += ["--volume", mount]
+        for name in names:
+            argv += ["--env", name]  # the value from this process's environment
+        return [*argv, *c.args, c.image, *command]
+    if c.runtime == "apptainer":
+        # Apptainer shares the host's network and PID namespace and passes the environment
+        # through by default; --nv brings the host's NVIDIA driver, CUDA_VISIBLE_DEVICES (set
+        # by the agent) picks the slot's GPUs.
+        argv = [c.program, "exec", "--pwd", workdir]
+        argv += ["--nv"] if c.gpus else []
+        for mount in c.mounts:
+            argv += ["--bind", mount]
+        return [*argv, *c.args, c.image, *command]
+    if c.runtime == "pyxis":
+        return [c.program, *pyxis_flags(c, workdir), *command]
+    raise ValueError(f"container runtime {c.runtime!r}: one of {', '.join(RUNTIMES)}")
+
+
+def pyxis_flags(c: Container, workdir: str) -> list[str]:
+    """srun's options for pyxis (enroot): the image, the mounts and the working directory. GPUs
+    are Slurm's own (--gpus-per-task), seen inside as on the node."""
+    flags = [f"--container-image={c.image}", f"--container-workdir={workdir}"]
+    if c.mounts:
+        flags.append(f"--container-mounts={','.join(c.mounts)}")
+    return [*flags, *c.args]
+
+
+def remove_argv(c: Container) -> list[str] | None:
+    """The argv that removes this task's container at once (after its trainer was killed, the
+    runtime's own cleanup may not have run); None: the runtime keeps none."""
+    if c.runtime == "podman":
+        return [c.program, "rm", "--force", "--ignore", "--time", "0", c.name]
+    if c.runtime == "docker":
+        return [c.program, "rm", "--force", c.name]
+    return None
+
+
+def listing_argv(runtime: str, program: str, job_id: str) -> list[str] | None:
+    """The argv that lists the ids of every container of a job (by its label), running or not;
+    None: the runtime names none (Apptainer, pyxis: the job's processes are found by their
+    environment, as any other)."""
+    if runtime in ("podman", "docker"):
+        return [program, "ps", "--all", "--quiet", "--filter", f"label={JOB_LABEL}={job_id}"]
+    return None
+
+
+ENV_AGENT_PID = "ORCHESTRATE_AGENT_PID"  # in the image: the agent the trainer dies with
+
+
+def task_container(
+    section: dict[str, Any],
+    *,
+    job_id: str,
+    task_index: int,
+    attempt: int,
+    shared_dir: str,
+    workdir: str,
+    argv: Sequence[str],
+    copy: str,
+) -> Container:
+    """One task's container: `section` as the spec carries it (runtime, image, mounts, args,
+    gpus), the paths the trainer needs mounted first (the worker package's copy read-only,
+    shared_dir, the working directory, the script's directory), each path once."""
+    ours = [mount_of(copy, read_only=True), mount_of(shared_dir), mount_of(workdir)]
+    script = argv[2] if len(argv) > 2 and argv[1].endswith("bootstrap.py") else argv[1]
+    if not script.startswith("-") and script.startswith("/"):
+        ours.append(mount_of(os.path.dirname(script)))
+    return Container(
+        runtime=str(section["runtime"]),
+        image=str(section["image"]),
+        name=container_name(job_id, task_index, attempt),
+        job_id=job_id,
+        mounts=tuple(dict.fromkeys([*ours, *section.get("mounts", ())])),
+        args=tuple(section.get("args", ())),
+        gpus=tuple(int(g) for g in section.get("gpus", ())),
+    )
+
+
+def for_task(
+    spec: WorkerSpec, argv: list[str], env: dict[str, str], copy: str
+) -> tuple[Container, list[str], dict[str, str]]:
+    """The task's container, the runtime argv that runs `argv` (the trainer's, with the image's
+    python) in it, and the runtime client's environment: `env` (the trainer's) with what the
+    image must see passed by name. `copy`: the worker package's directory on this host."""
+    container = task_container(
+        spec.container or {}, job_id=spec.job_id, task_index=spec.task_index,
+        attempt=spec.attempt, shared_dir=spec.shared_dir, workdir=spec.workdir, argv=argv,
+        copy=copy,
+    )  # fmt: skip
+    env = {**env, ENV_AGENT_PID: str(os.getpid())}
+    if container.gpus and container.runtime in ("podman", "docker"):
+        # The runtime passes only the slot's GPUs: inside they are numbered from 0.
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(len(container.gpus)))
+    # What the trainer must see: every variable the agent set or changed, never the host's
+    # own PATH or HOME (the image has its own).
+    names = [k for k, v in env.items() if os.environ.get(k) != v or k in spec.env]
+    run = run_argv(container, argv, spec.workdir, names, uid=os.getuid(), gid=os.getgid())
+    return container, run, env
+
+
+def remove(container: Container) -> None:
+    """Remove the task's container, whatever state it is in (best effort: a runtime that does
+    not answer leaves it to the job's sweep by label)."""
+    argv = remove_argv(container)
+    if argv is None:
+        return
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        subprocess.run(argv, capture_output=True, timeout=60, check=False)
+
+
+def die_with_agent() -> None:
+    """In the trainer, inside an image: the agent is not its parent (the runtime's monitor is),
+    so PR_SET_PDEATHSIG cannot tie them; a thread waits on the agent's pidfd (the host's PID
+    namespace) and ends the trainer when the agent is gone."""
+    raw = os.environ.get(ENV_AGENT_PID, "")
+    if not raw.isdigit() or int(raw) <= 1:
+        return
+    try:
+        fd = os.pidfd_open(int(raw))
+    except OSError:  # gone already
+        os.kill(os.getpid(), signal.SIGKILL)
+        return
+
+    def wait() -> None:
+        select.select([fd], [], [])
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=wait, name="die-with-agent", daemon=True).start()
