@@ -49,7 +49,7 @@ def tf_image() -> Iterator[str]:
     if seconds is not None:
         print(f"built {name} in {seconds:.0f} s")
     with pytest.MonkeyPatch.context() as patch:  # the CLI, supervisors and agents inherit it
-        for key, value in podman_env().items():
+        for key, value in podman_env(name).items():
             patch.setenv(key, value)
         yield name
 
@@ -112,6 +112,13 @@ def test_a_stop_and_a_killed_agent_leave_no_container_and_no_process(
         return job if all(t["step"] > 0 for t in job["tasks"]) else None
 
     job = wait_for(training, 300, interval=0.5)
+    # Each task's trainer, as status shows it, is the image's interpreter running on this host
+    # (the host's PID namespace), not the runtime's client; it carries the job's id, by which a
+    # stop finds every process of the job.
+    for task in job["tasks"]:  # type: ignore[index]
+        assert os.readlink(f"/proc/{task['pid']}/exe") == "/usr/bin/python3.11"
+        with open(f"/proc/{task['pid']}/environ", "rb") as fh:
+            assert f"ORCHESTRATE_JOB_ID={job_id}".encode() in fh.read().split(b"\0")
     # The secret is passed by name: no process of the job shows its value in its argv.
     for pid in job_processes(job_id):
         with open(f"/proc/{pid}/cmdline", "rb") as fh:

@@ -115,6 +115,8 @@ class Agent:
         self._stop_deadline: float | None = None
         self._trainer: subprocess.Popen[bytes] | WarmTrainer | None = None
         self._standby: AgentStandby | None = None
+        self._image: container.Container | None = None  # the trainer's, when in one
+        self._in_image: int | None = None  # the trainer's host pid there, once found
         self._started = time.monotonic()
         self._progress = Progress()
         self._progress_too_big = False
@@ -152,6 +154,7 @@ class Agent:
             argv, env, image = trainer_argv(spec), trainer_env(spec), None
             if spec.container and self._trainer is None:
                 image, argv, env = container.for_task(spec, argv, env, _package_parent())
+                self._image = image
                 note(f"the trainer runs in {image.image} ({image.runtime}: {image.name})")
             if self._trainer is None:
                 try:
@@ -186,6 +189,15 @@ class Agent:
             time.sleep(min(1.0, self.spec.heartbeat_interval))
         forget(os.getpid())
         return code
+
+    def _trainer_pid(self, trainer: subprocess.Popen[bytes] | WarmTrainer) -> int:
+        """The trainer's host pid: in an image, the container's process (our child is only
+        the runtime's client), looked up until the runtime names it; else our child."""
+        if self._image is None:
+            return trainer.pid
+        if self._in_image is None:
+            self._in_image = container.main_pid(self._image)
+        return self._in_image or trainer.pid
 
     def _trainer_phase(self) -> Phase:
         return self._read_progress().phase
@@ -227,7 +239,7 @@ class Agent:
 
         def take() -> None:
             path = stacks.stacks_path(task_dir, self.spec.attempt)
-            line = stacks.take(trainer.pid, path, self.spec.job_id)
+            line = stacks.take(self._trainer_pid(trainer), path, self.spec.job_id)
             _note(self._log, line)
             with contextlib.suppress(OSError):
                 stacks.done_path(task_dir, self.spec.attempt).write_text(line + "\n")
@@ -288,13 +300,13 @@ class Agent:
         progress = self._read_progress()
         resources = None
         if state == AgentState.RUNNING and trainer is not None:
-            resources = self._sample(trainer.pid, progress)
+            resources = self._sample(self._trainer_pid(trainer), progress)
         status = TaskStatus(
             state=state,
             seq=self._seq,
             attempt=self.spec.attempt,
             agent_pid=os.getpid(),
-            trainer_pid=trainer.pid if trainer is not None else None,
+            trainer_pid=self._trainer_pid(trainer) if trainer is not None else None,
             exit_code=exit_code,
             progress=progress,
             message=message,

@@ -16,6 +16,7 @@ Every runtime gets the same promises:
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import select
 import signal
@@ -122,6 +123,17 @@ def remove_argv(c: Container) -> list[str] | None:
     return None
 
 
+def sweep_argv(runtime: str, job_id: str) -> list[str] | None:
+    """A shell-free sweep of every container of a job on a host, running or not (after a lost
+    supervisor, an agent killed before its runtime cleaned up): `sh -c` over the runtime's own
+    listing and removal, the job's id as an argument. None: the runtime keeps none."""
+    listing = listing_argv(runtime, runtime, job_id)
+    if listing is None:
+        return None
+    script = 'ids=$("$@") && [ -n "$ids" ] && exec "$0" rm --force $ids; exit 0'
+    return ["sh", "-c", script, runtime, *listing]
+
+
 def listing_argv(runtime: str, program: str, job_id: str) -> list[str] | None:
     """The argv that lists the ids of every container of a job (by its label), running or not;
     None: the runtime names none (Apptainer, pyxis: the job's processes are found by their
@@ -178,11 +190,27 @@ def for_task(
     if container.gpus and container.runtime in ("podman", "docker"):
         # The runtime passes only the slot's GPUs: inside they are numbered from 0.
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(len(container.gpus)))
-    # What the trainer must see: every variable the agent set or changed, never the host's
-    # own PATH or HOME (the image has its own).
-    names = [k for k, v in env.items() if os.environ.get(k) != v or k in spec.env]
+    # What the trainer must see: every variable the agent set or changed and every one of ours
+    # (the job's id marks each of its processes: a stop finds them by it), never the host's own
+    # PATH or HOME (the image has its own).
+    ours = {k for k in env if k.startswith("ORCHESTRATE_")} | set(spec.env)
+    names = [k for k, v in env.items() if os.environ.get(k) != v or k in ours]
     run = run_argv(container, argv, spec.workdir, names, uid=os.getuid(), gid=os.getgid())
     return container, run, env
+
+
+def main_pid(container: Container) -> int | None:
+    """The host pid of the container's process (the trainer: the host's PID namespace), from
+    the runtime's inspect; None: not running yet, or a runtime that names no container."""
+    if container.runtime not in ("podman", "docker"):
+        return None
+    argv = [container.program, "inspect", "--format", "{{.State.Pid}}", container.name]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    pid = done.stdout.strip()
+    return int(pid) if done.returncode == 0 and pid.isdigit() and int(pid) > 1 else None
 
 
 def remove(container: Container) -> None:
@@ -213,3 +241,11 @@ def die_with_agent() -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
     threading.Thread(target=wait, name="die-with-agent", daemon=True).start()
+
+
+def job_runtime(config_json: str) -> str | None:
+    """The container runtime of a job from its stored configuration; None: none."""
+    if '"container"' not in config_json:
+        return None
+    section = json.loads(config_json).get("container") or {}
+    return str(section["runtime"]) if section.get("runtime") else None

@@ -18,6 +18,7 @@ from orchestrator.planning.plan import LaunchPlan, plan_on_hosts
 from orchestrator.state.store import JobRecord
 from orchestrator.transport.base import Transport
 from orchestrator.transport.fanout import HostResults, each
+from worker.container import job_runtime, sweep_argv
 from worker.spec import JobLayout
 
 STANDBY_CALL_TIMEOUT = 30.0
@@ -30,6 +31,7 @@ class AgentHosts(AgentTasks):
     def __init__(self, transports: Sequence[Transport], pythons: Sequence[str]) -> None:
         self._transports = list(transports)
         self._pythons = list(pythons)
+        self._runtime: str | None = None  # the job's container runtime, if it has one
 
     def host_count(self) -> int:
         return len(self._transports)
@@ -53,6 +55,7 @@ class AgentHosts(AgentTasks):
     # --- an attempt ---------------------------------------------------------------------
     def launch(self, request: LaunchRequest, hooks: LaunchHooks) -> Launched | None:
         config, hosts = request.config, request.hosts
+        self._runtime = config.container.runtime if config.container else None
         self.prepare(config)
         hooks.say(f"attempt {request.attempt}: preflight on {len(hosts)} host(s)")
         reports = preflight(
@@ -76,6 +79,7 @@ class AgentHosts(AgentTasks):
         labels = self.labels()
         results = each(range(len(labels)), lambda h: self.transport(h).stop_job(job.id, grace))
         self.end_standbys(job.id)
+        self._sweep_containers(job.id, job_runtime(job.config_json))
         return Sweep(
             unreachable={labels[h]: results.reason(h, labels[h]) for h in results.failed},
             left={labels[h]: pids for h, pids in results.succeeded.items() if pids},
@@ -106,7 +110,14 @@ class AgentHosts(AgentTasks):
         return each(range(self.host_count()), one)
 
     def finish(self, layout: JobLayout, succeeded: bool) -> None:
-        """Nothing held beyond the processes."""
+        """Nothing held beyond the processes, and the containers their runtime may have left
+        (a trainer killed with its agent)."""
+        self._sweep_containers(layout.root.name, self._runtime)
+
+    def _sweep_containers(self, job_id: str, runtime: str | None) -> None:
+        argv = sweep_argv(runtime, job_id) if runtime else None
+        if argv is not None:  # best effort: a host that does not answer keeps its own
+            each(range(self.host_count()), lambda h: self.transport(h).run(argv, timeout=120))
 
     def lasting_call(self, host_index: int, op: str, args: dict[str, Any], timeout: float) -> Any:
         return self.transport(host_index).worker_call(op, args, timeout=timeout)

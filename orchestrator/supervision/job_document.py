@@ -4,14 +4,13 @@ of each task)."""
 
 from __future__ import annotations
 
-import json
 import time
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.state.host_pool import HostPool, describe_hosts
 from orchestrator.state.job_records import supervisor_alive
 from orchestrator.state.store import JobRecord, Store, TaskRecord
-from worker.container import container_name
+from worker.container import container_name, job_runtime
 from worker.spec import StepSignal, remaining_steps
 
 if TYPE_CHECKING:
@@ -42,10 +41,7 @@ def _plugin(backend_type: str) -> BackendPlugin | None:
 
 def _named_containers(job: JobRecord) -> bool:
     """Whether the job's trainers run in named containers (podman, Docker)."""
-    if '"container"' not in job.config_json:  # most jobs: nothing to parse
-        return False
-    section = json.loads(job.config_json).get("container") or {}
-    return section.get("runtime") in ("podman", "docker")
+    return job_runtime(job.config_json) in ("podman", "docker")
 
 
 def _allocation(job: JobRecord) -> str | None:

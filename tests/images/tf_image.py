@@ -198,28 +198,19 @@ def _import(rootfs: Path, name: str, log: Log) -> None:
                          f"{done.stderr.strip()}")  # fmt: skip
 
 
-def podman_env() -> dict[str, str]:
-    """What podman needs in the environment to start a container on this host: nothing on a
-    usual host; on a host that is itself a container (no permission to raise ulimits, a hybrid
-    cgroup layout crun 1.8 refuses), a containers.conf of our own (CONTAINERS_CONF) with lower
-    ulimits and crun run in a mount namespace without the cgroup2 mount. Tried in that order,
-    with a container of a tiny image made here."""
-    probe = "localhost/orchestrate-probe:1"
-    if not image_present(probe):
-        with tempfile.TemporaryDirectory(dir=WORK) as root:
-            (Path(root) / "bin").mkdir()
-            shutil.copy2("/bin/true", Path(root) / "bin" / "true")
-            tar = subprocess.Popen(["tar", "-C", root, "-c", "."], stdout=subprocess.PIPE)
-            subprocess.run(["podman", "import", "-", probe], stdin=tar.stdout,
-                           capture_output=True, check=True)  # fmt: skip
-            tar.wait()
+def podman_env(image: str) -> dict[str, str]:
+    """What podman needs in the environment to start a container of `image` (one with python3)
+    on this host: nothing on a usual host; on a host that is itself a container (no permission
+    to raise ulimits, a hybrid cgroup layout crun 1.8 refuses), a containers.conf of our own
+    (CONTAINERS_CONF) with lower ulimits and crun run in a mount namespace without the cgroup2
+    mount. Tried in that order."""
     conf = WORK / "orchestrate-podman"
     tried = [{}, {"CONTAINERS_CONF": str(conf / "containers.conf")}]
     for extra in tried:
         if extra:
             _write_sandbox(conf)
         env = {**os.environ, **extra}
-        run = ["podman", "run", "--rm", "--network=host", "--pid=host", probe, "/bin/true"]
+        run = ["podman", "run", "--rm", "--network=host", "--pid=host", image, "python3", "-c", ""]
         if subprocess.run(run, env=env, capture_output=True, check=False).returncode == 0:
             return extra
     raise BuildError("podman cannot start a container on this host, even with lower ulimits "
@@ -246,7 +237,7 @@ def check(name: str, log: Log) -> None:
     code = "import sklearn, tensorflow as tf, tf_keras; print(tf.__version__, tf_keras.__version__)"
     command = ["podman", "run", "--rm", "--network=host", name, "python3", "-c", code]
     log(f"tf_image: check: import tensorflow in {name}")
-    env = {**os.environ, **podman_env()}
+    env = {**os.environ, **podman_env(name)}
     done = subprocess.run(command, capture_output=True, text=True, errors="replace", env=env)
     lines = done.stdout.strip().splitlines()
     want = f"{TF_VERSION} {VERSIONS['tf-keras']}"

@@ -164,3 +164,29 @@ def test_the_agent_runs_its_trainer_through_the_runtime_with_env_by_name(
     assert "--device=nvidia.com/gpu=4" in argv
     assert client_env[container.ENV_AGENT_PID] == str(os.getpid())
     assert "x" not in argv
+
+
+def test_a_job_s_containers_are_swept_by_its_label_and_none_is_no_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import subprocess
+
+    from worker.container import sweep_argv
+
+    calls = tmp_path / "calls"
+    fake = tmp_path / "podman"  # lists what $IDS holds, records every other call
+    fake.write_text(f'#!/bin/sh\n[ "$1" = ps ] && {{ echo "$@" >> {calls}; echo $IDS; exit 0; }}\n'
+                    f'echo "$@" >> {calls}\n')  # fmt: skip
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    argv = sweep_argv("podman", "j-1")
+    assert argv is not None and sweep_argv("apptainer", "j-1") is None
+    monkeypatch.setenv("IDS", "abc def")
+    assert subprocess.run(argv, check=False).returncode == 0
+    monkeypatch.setenv("IDS", "")
+    assert subprocess.run(argv, check=False).returncode == 0
+    assert calls.read_text().splitlines() == [
+        "ps --all --quiet --filter label=orchestrate.job=j-1",
+        "rm --force abc def",
+        "ps --all --quiet --filter label=orchestrate.job=j-1",
+    ]
