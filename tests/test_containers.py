@@ -144,3 +144,16 @@ def names_of(job_id: str) -> list[str]:
         capture_output=True, text=True, check=True, timeout=60,
     )  # fmt: skip
     return out.stdout.split()
+
+
+def test_an_image_missing_on_the_host_is_one_line_exit_3_and_nothing_starts(
+    tmp_path: Path, cli: Callable[..., CliResult], tf_image: str
+) -> None:
+    path = image_config(tmp_path, "localhost/orchestrate-no-such-image:1", ["--epochs", "1"])
+    result = cli("launch", str(path))
+    assert result.code == 3, result
+    [line] = result.err.strip().splitlines()  # one line
+    assert "local: image localhost/orchestrate-no-such-image:1 is not on this host" in line
+    [job] = status_json(cli)["jobs"]
+    assert job["state"] == "failed"
+    assert containers_of(job["id"]) == [] and job_processes(job["id"]) == []

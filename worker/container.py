@@ -249,3 +249,34 @@ def job_runtime(config_json: str) -> str | None:
         return None
     section = json.loads(config_json).get("container") or {}
     return str(section["runtime"]) if section.get("runtime") else None
+
+
+# Read in the image by its own python: no TensorFlow import (package metadata only).
+VERSIONS_CODE = (
+    "import importlib.metadata as m, json, platform\n"
+    "def v(n):\n"
+    "    try:\n        return m.version(n)\n"
+    "    except m.PackageNotFoundError:\n        return None\n"
+    "print(json.dumps({'python': platform.python_version(), 'tensorflow': v('tensorflow') or "
+    "v('tensorflow-cpu') or v('tf-nightly'), 'tf_keras': v('tf-keras')}))"
+)
+
+
+def present_argv(runtime: str, image: str) -> list[str] | None:
+    """The argv that exits 0 when the image is on this host (nothing pulled); None: the
+    runtime resolves it itself (pyxis)."""
+    if runtime == "podman":
+        return ["podman", "image", "exists", image]
+    if runtime == "docker":
+        return ["docker", "image", "inspect", "--format", "{{.Id}}", image]
+    if runtime == "apptainer":
+        return ["apptainer", "inspect", image]
+    return None
+
+
+def versions_argv(runtime: str, image: str, python: str) -> list[str]:
+    """The argv that prints the image's Python and TensorFlow versions (VERSIONS_CODE)."""
+    command = [python, "-c", VERSIONS_CODE]
+    if runtime == "apptainer":
+        return ["apptainer", "exec", image, *command]
+    return [runtime, "run", "--rm", "--network=host", image, *command]

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from orchestrator.backends.agents import TransportHosts
+from orchestrator.backends.image_check import image_tensorflow
 from orchestrator.config import ClusterConfig
 from orchestrator.errors import (
     HostsUnreachable,
@@ -95,16 +96,17 @@ def preflight(
         data = backend.transport(i).worker_call("probe", args, timeout=PROBE_TIMEOUT)
         answered.add(i)
         problems = list(data.get("problems", []))
-        problems += version_problems(
-            data.get("protocol", 1), data.get("tensorflow"), backend.python(i)
-        )
+        tensorflow = data.get("tensorflow")
+        if config.container is not None:  # the trainer's TensorFlow is the image's
+            tensorflow = image_tensorflow(backend.transport(i), config.container)
+        problems += version_problems(data.get("protocol", 1), tensorflow, backend.python(i))
         gpus = None
         if per_task and "gpu" not in data:
             problems.append("its orchestrate worker package cannot count GPUs: install the same")
         elif per_task and data["gpu"].get("counted"):  # else the probe said why not
             gpus = host_gpus(data["gpu"])
             problems += gpu_problems(
-                gpus, per_task, config.backend.host_slots(i), force, data.get("tensorflow") or ""
+                gpus, per_task, config.backend.host_slots(i), force, tensorflow or ""
             )
         if problems:
             raise PreflightError(", ".join(problems))
@@ -112,7 +114,7 @@ def preflight(
             i,
             labels[i],
             python=data.get("python", ""),
-            tensorflow=data.get("tensorflow") or "",
+            tensorflow=tensorflow or "",
             free_bytes=int(data.get("free_bytes", 0)),
             ports=tuple(data.get("ports", [])),
             gpu=gpus,

@@ -4,6 +4,7 @@ a bad section before anything starts, and what the agent runs for a task."""
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -190,3 +191,48 @@ def test_a_job_s_containers_are_swept_by_its_label_and_none_is_no_error(
         "rm --force abc def",
         "ps --all --quiet --filter label=orchestrate.job=j-1",
     ]
+
+
+class Answers:
+    """A host whose commands answer from a table (argv[0] and [1] -> exit code, stdout)."""
+
+    host_label = "h1"
+
+    def __init__(self, table: dict[tuple[str, str], tuple[int, bytes]]) -> None:
+        self.table = table
+
+    def run(self, argv: list[str], **_: object) -> object:
+        from orchestrator.transport.base import CommandResult
+
+        code, out = self.table[(argv[0], argv[1])]
+        return CommandResult("h1", tuple(argv), code, out, b"no such thing")
+
+
+@pytest.mark.parametrize(
+    ("table", "said"),
+    [
+        ({("podman", "image"): (127, b"")}, "podman is not installed (needed for image img)"),
+        ({("podman", "image"): (1, b"")}, "image img is not on this host (podman)"),
+        (
+            {("podman", "image"): (0, b""), ("podman", "run"): (0, b'{"tensorflow": null}\n')},
+            "image img: no TensorFlow and tf-keras for python3 in it",
+        ),
+        (
+            {("podman", "image"): (0, b""), ("podman", "run"): (127, b"")},
+            "image img: python3 did not start in it (podman exit 127",
+        ),
+    ],
+)
+def test_an_image_without_what_the_trainer_needs_is_one_line_naming_it(
+    table: dict[tuple[str, str], tuple[int, bytes]], said: str
+) -> None:
+    from orchestrator.backends.image_check import image_tensorflow
+    from orchestrator.config.container import ContainerSection
+    from orchestrator.errors import PreflightError
+
+    section = ContainerSection(image="img")
+    with pytest.raises(PreflightError, match="^" + re.escape(said)):
+        image_tensorflow(Answers(table), section)  # type: ignore[arg-type]
+    ok = {("podman", "image"): (0, b""),
+          ("podman", "run"): (0, b'{"tensorflow": "2.21.0", "tf_keras": "2.21.0"}\n')}  # fmt: skip
+    assert image_tensorflow(Answers(ok), section) == "2.21.0"  # type: ignore[arg-type]

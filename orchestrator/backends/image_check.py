@@ -1,0 +1,44 @@
+"""The preflight of a job whose trainer runs in an image (`[container]`), on one host: the
+runtime is there, the image is there (never pulled by a preflight), and its own Python reads
+its TensorFlow version. Each failure is one line naming the image."""
+
+from __future__ import annotations
+
+import json
+
+from orchestrator.config.container import ContainerSection
+from orchestrator.errors import PreflightError
+from orchestrator.transport.base import Transport
+from worker.container import present_argv, versions_argv
+
+# Starting a container and reading package metadata in it (no TensorFlow import).
+VERSIONS_TIMEOUT = 120.0
+
+
+def image_tensorflow(transport: Transport, section: ContainerSection) -> str:
+    """The image's TensorFlow version on this host; PreflightError naming what is wrong."""
+    image, runtime = section.image, section.runtime
+    present = present_argv(runtime, image)
+    if present is not None:
+        found = transport.run(present, timeout=VERSIONS_TIMEOUT)
+        if found.exit_code == 127:
+            raise PreflightError(f"{runtime} is not installed (needed for image {image})")
+        if not found.ok:
+            raise PreflightError(
+                f"image {image} is not on this host ({runtime}): build, load or pull it there "
+                "first (a launch pulls nothing)"
+            )
+    seen = transport.run(versions_argv(runtime, image, section.python), timeout=VERSIONS_TIMEOUT)
+    try:
+        versions = json.loads(seen.stdout.decode(errors="replace").strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        raise PreflightError(
+            f"image {image}: {section.python} did not start in it ({runtime} exit "
+            f"{seen.exit_code}: {seen.tail()})"
+        ) from None
+    if not versions.get("tensorflow") or not versions.get("tf_keras"):
+        raise PreflightError(
+            f"image {image}: no TensorFlow and tf-keras for {section.python} in it "
+            f"(found TensorFlow {versions.get('tensorflow')}, tf-keras {versions.get('tf_keras')})"
+        )
+    return str(versions["tensorflow"])
