@@ -10,6 +10,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from orchestrator.backends.agents import agent_pid
 from tests.conftest import (
     IN_CI,
     CliResult,
+    as_nobody,
     job_processes,
     launch_detached,
     signal_job_process,
@@ -123,6 +125,10 @@ def test_a_stop_and_a_killed_agent_leave_no_container_and_no_process(
     for pid in job_processes(job_id):
         with open(f"/proc/{pid}/cmdline", "rb") as fh:
             assert b"not-on-a-command-line" not in fh.read()
+    pid, name = job["tasks"][0]["pid"], job["tasks"][0]["container"]  # type: ignore[index]
+    assert another_user_reaches_nothing(pid, name, tmp_path / "shared" / job_id) == {
+        "signal": False, "environ": False, "job files": False, "exec": False, "listed": False
+    }  # fmt: skip
     # A killed agent: its trainer (whose parent is the runtime's monitor) ends with it, and
     # the group restarts, each task in a container of the next attempt.
     agent = agent_pid(job["tasks"][1]["agent"])  # type: ignore[index]
@@ -157,3 +163,38 @@ def test_an_image_missing_on_the_host_is_one_line_exit_3_and_nothing_starts(
     [job] = status_json(cli)["jobs"]
     assert job["state"] == "failed"
     assert containers_of(job["id"]) == [] and job_processes(job["id"]) == []
+
+
+NOBODY_PROBE = """
+import json, os, subprocess, sys
+pid, name, job_dir = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+def works(f):
+    try:
+        f()
+        return True
+    except OSError:
+        return False
+def run(*argv):
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    except OSError as exc:
+        return subprocess.CompletedProcess(argv, 127, "", str(exc))
+ps = run("podman", "ps", "--all", "--format", "{{.Names}}")
+print(json.dumps({
+    "signal": works(lambda: os.kill(pid, 0)),
+    "environ": works(lambda: open(f"/proc/{pid}/environ", "rb").read()),
+    "job files": works(lambda: os.listdir(job_dir)),
+    "exec": run("podman", "exec", name, "true").returncode == 0,
+    "listed": name in ps.stdout,
+}))
+"""
+
+
+def another_user_reaches_nothing(pid: int, name: str, job_dir: Path) -> dict[str, bool]:
+    """What a second Unix user (nobody) can do to a job's trainer in its container: signal it,
+    read its environment (TF_CONFIG, secrets), list its job's files, enter or list its
+    container with its own podman."""
+    env = {"PATH": os.environ["PATH"], "HOME": "/nonexistent", "XDG_RUNTIME_DIR": "/nonexistent"}
+    probe = as_nobody([sys.executable, "-c", NOBODY_PROBE, str(pid), name, str(job_dir)], env)
+    out, _ = probe.communicate(timeout=120)
+    return json.loads(out.strip().splitlines()[-1])  # type: ignore[no-any-return]
