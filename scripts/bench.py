@@ -11,6 +11,7 @@ root for the namespaced test bed; without it they are reported as skipped, with 
 |----|-------------|----------|
 | P1 | launch fan-out to every agent running, 1/4/16 SSH hosts | threads + paramiko, 1 exec/host |
 | P2 | `launch` to the first training step, 2 local workers | workers started by hand |
+| P2c | the same with the trainers in a podman image | the image started by hand |
 | P3 | steady training throughput (middle epochs) | the same hand-started workers |
 | P3c | CPU of our processes beside the trainers, standbys ready | the trainers' own CPU |
 | P4 | trainer SIGKILLed -> supervisor begins stopping | TensorFlow's own: the survivor exits |

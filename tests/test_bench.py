@@ -39,6 +39,7 @@ def test_quick_benchmark_produces_every_row(tmp_path: Path) -> None:
         *(
             "P1",
             "P2",
+            "P2c",
             "P3",
             "P3c",
             "P4",

@@ -264,19 +264,22 @@ VERSIONS_CODE = (
 
 def present_argv(runtime: str, image: str) -> list[str] | None:
     """The argv that exits 0 when the image is on this host (nothing pulled); None: the
-    runtime resolves it itself (pyxis)."""
-    if runtime == "podman":
-        return ["podman", "image", "exists", image]
-    if runtime == "docker":
-        return ["docker", "image", "inspect", "--format", "{{.Id}}", image]
-    if runtime == "apptainer":
-        return ["apptainer", "inspect", image]
-    return None
+    versions' own run says so (podman, Docker: --pull=never), or the runtime resolves it
+    itself (pyxis)."""
+    return ["apptainer", "inspect", image] if runtime == "apptainer" else None
 
 
 def versions_argv(runtime: str, image: str, python: str) -> list[str]:
-    """The argv that prints the image's Python and TensorFlow versions (VERSIONS_CODE)."""
+    """The argv that prints the image's Python and TensorFlow versions (VERSIONS_CODE); it
+    never pulls the image."""
     command = [python, "-c", VERSIONS_CODE]
     if runtime == "apptainer":
         return ["apptainer", "exec", image, *command]
-    return [runtime, "run", "--rm", "--network=host", image, *command]
+    return [runtime, "run", "--rm", "--pull=never", "--network=host", image, *command]
+
+
+def missing_image(stderr: str) -> bool:
+    """The runtime's words for an image it does not have (podman: "image not known"; Docker:
+    "No such image"), after a run with --pull=never."""
+    text = stderr.lower()
+    return "image not known" in text or "no such image" in text or "unable to find" in text

@@ -9,7 +9,7 @@ import json
 from orchestrator.config.container import ContainerSection
 from orchestrator.errors import PreflightError
 from orchestrator.transport.base import Transport
-from worker.container import present_argv, versions_argv
+from worker.container import missing_image, present_argv, versions_argv
 
 # Starting a container and reading package metadata in it (no TensorFlow import).
 VERSIONS_TIMEOUT = 120.0
@@ -29,6 +29,13 @@ def image_tensorflow(transport: Transport, section: ContainerSection) -> str:
                 "first (a launch pulls nothing)"
             )
     seen = transport.run(versions_argv(runtime, image, section.python), timeout=VERSIONS_TIMEOUT)
+    if seen.exit_code == 127 and present is None:
+        raise PreflightError(f"{runtime} is not installed (needed for image {image})")
+    if not seen.ok and missing_image(seen.stderr.decode(errors="replace")):
+        raise PreflightError(
+            f"image {image} is not on this host ({runtime}): build, load or pull it there "
+            "first (a launch pulls nothing)"
+        )
     try:
         versions = json.loads(seen.stdout.decode(errors="replace").strip().splitlines()[-1])
     except (ValueError, IndexError):

@@ -4,8 +4,10 @@ step's tasks say the same in their hello. One verdict (`version_problems`) judge
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import secrets
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -93,12 +95,13 @@ def preflight(
         if per_task:
             per_gpu = config.backend.host_slots(i) is None
             args["gpu"] = {"job_id": job_id, "per_task": per_task, "per_gpu": per_gpu}
+        in_image = None  # the trainer's TensorFlow is the image's: read beside the probe
+        if config.container is not None:
+            in_image = _beside(image_tensorflow, backend.transport(i), config.container)
         data = backend.transport(i).worker_call("probe", args, timeout=PROBE_TIMEOUT)
         answered.add(i)
         problems = list(data.get("problems", []))
-        tensorflow = data.get("tensorflow")
-        if config.container is not None:  # the trainer's TensorFlow is the image's
-            tensorflow = image_tensorflow(backend.transport(i), config.container)
+        tensorflow = data.get("tensorflow") if in_image is None else in_image.result()
         problems += version_problems(data.get("protocol", 1), tensorflow, backend.python(i))
         gpus = None
         if per_task and "gpu" not in data:
@@ -147,6 +150,20 @@ def preflight(
             raise HostsUnreachable(message, unreachable)
         raise PreflightError(message)
     return dict(results.succeeded)
+
+
+def _beside(call: Callable[..., str], *args: object) -> concurrent.futures.Future[str]:
+    """`call(*args)` on a thread of its own, now (its result or its error taken later)."""
+    future: concurrent.futures.Future[str] = concurrent.futures.Future()
+
+    def run() -> None:
+        try:
+            future.set_result(call(*args))
+        except BaseException as exc:  # handed to whoever takes the result
+            future.set_exception(exc)
+
+    threading.Thread(target=run, name="beside-probe", daemon=True).start()
+    return future
 
 
 def _check_shared(

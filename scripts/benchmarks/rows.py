@@ -24,8 +24,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 
 # The order rows are listed in, whichever script measured them.
-ORDER = ["P1", "P2", "P3", "P3c", "P4", "P5", "P6", "P7a", "P7b", "P8", "P9", "P9b", "P10", "P11",
-         "P12", "P13", "P14", "P14b", "P15"]  # fmt: skip
+ORDER = ["P1", "P2", "P2c", "P3", "P3c", "P4", "P5", "P6", "P7a", "P7b", "P8", "P9", "P9b", "P10",
+         "P11", "P12", "P13", "P14", "P14b", "P15"]  # fmt: skip
 README_BEGIN = "<!-- bench-table: generated from docs/bench/results.json; do not edit -->"
 README_END = "<!-- /bench-table -->"
 

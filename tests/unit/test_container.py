@@ -194,45 +194,46 @@ def test_a_job_s_containers_are_swept_by_its_label_and_none_is_no_error(
 
 
 class Answers:
-    """A host whose commands answer from a table (argv[0] and [1] -> exit code, stdout)."""
+    """A host whose commands answer from a table ((argv[0], argv[1]) -> exit, stdout, stderr)."""
 
     host_label = "h1"
 
-    def __init__(self, table: dict[tuple[str, str], tuple[int, bytes]]) -> None:
+    def __init__(self, table: dict[tuple[str, str], tuple[int, bytes, bytes]]) -> None:
         self.table = table
 
     def run(self, argv: list[str], **_: object) -> object:
         from orchestrator.transport.base import CommandResult
 
-        code, out = self.table[(argv[0], argv[1])]
-        return CommandResult("h1", tuple(argv), code, out, b"no such thing")
+        code, out, err = self.table[(argv[0], argv[1])]
+        return CommandResult("h1", tuple(argv), code, out, err)
+
+
+RUN = ("podman", "run")
 
 
 @pytest.mark.parametrize(
     ("table", "said"),
     [
-        ({("podman", "image"): (127, b"")}, "podman is not installed (needed for image img)"),
-        ({("podman", "image"): (1, b"")}, "image img is not on this host (podman)"),
+        ({RUN: (127, b"", b"")}, "podman is not installed (needed for image img)"),
+        ({RUN: (125, b"", b"Error: img: image not known")}, "image img is not on this host"),
+        ({RUN: (0, b'{"tensorflow": null}\n', b"")}, "image img: no TensorFlow and tf-keras"),
+        ({RUN: (126, b"", b"exec failed")}, "image img: python3 did not start in it (podman"),
         (
-            {("podman", "image"): (0, b""), ("podman", "run"): (0, b'{"tensorflow": null}\n')},
-            "image img: no TensorFlow and tf-keras for python3 in it",
-        ),
-        (
-            {("podman", "image"): (0, b""), ("podman", "run"): (127, b"")},
-            "image img: python3 did not start in it (podman exit 127",
+            {("apptainer", "inspect"): (255, b"", b"no such file")},
+            "image img is not on this host (apptainer)",
         ),
     ],
 )
 def test_an_image_without_what_the_trainer_needs_is_one_line_naming_it(
-    table: dict[tuple[str, str], tuple[int, bytes]], said: str
+    table: dict[tuple[str, str], tuple[int, bytes, bytes]], said: str
 ) -> None:
     from orchestrator.backends.image_check import image_tensorflow
     from orchestrator.config.container import ContainerSection
     from orchestrator.errors import PreflightError
 
-    section = ContainerSection(image="img")
+    runtime = next(iter(table))[0]
+    section = ContainerSection(image="img", runtime=runtime)  # type: ignore[arg-type]
     with pytest.raises(PreflightError, match="^" + re.escape(said)):
         image_tensorflow(Answers(table), section)  # type: ignore[arg-type]
-    ok = {("podman", "image"): (0, b""),
-          ("podman", "run"): (0, b'{"tensorflow": "2.21.0", "tf_keras": "2.21.0"}\n')}  # fmt: skip
-    assert image_tensorflow(Answers(ok), section) == "2.21.0"  # type: ignore[arg-type]
+    ok = {RUN: (0, b'{"tensorflow": "2.21.0", "tf_keras": "2.21.0"}\n', b"")}
+    assert image_tensorflow(Answers(ok), ContainerSection(image="img")) == "2.21.0"  # type: ignore[arg-type]
