@@ -245,7 +245,7 @@ def die_with_agent() -> None:
 
 def job_runtime(config_json: str) -> str | None:
     """The container runtime of a job from its stored configuration; None: none."""
-    if '"container"' not in config_json:
+    if '"container"' not in config_json or '"container":null' in config_json:  # most jobs
         return None
     section = json.loads(config_json).get("container") or {}
     return str(section["runtime"]) if section.get("runtime") else None
