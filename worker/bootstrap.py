@@ -32,7 +32,7 @@ import types
 from types import TracebackType
 from typing import Any
 
-from worker import container, progress, stacks
+from worker import progress, stacks
 from worker.instrument import Instrumentation
 from worker.spec import ENV_ATTEMPT, ENV_TASK_DIR, Phase
 from worker.warm import import_env, imports_ahead
@@ -137,7 +137,10 @@ def main() -> None:
     # Set only by _start_cold, for the agent's check of /proc/PID/environ (which keeps it):
     # the script and its children see the environment a cold start has.
     os.environ.pop(ENV_STANDBY, None)
-    container.die_with_agent()  # in an image only: there the agent is not our parent
+    if os.environ.get("ORCHESTRATE_AGENT_PID"):  # in an image: the agent is not our parent
+        from worker.container import die_with_agent
+
+        die_with_agent()
     stacks.install_in_trainer(os.environ.get(ENV_TASK_DIR), os.environ.get(ENV_ATTEMPT))
     writer = progress.shared()
     writer.phase(Phase.STARTING)

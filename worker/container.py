@@ -143,7 +143,7 @@ def listing_argv(runtime: str, program: str, job_id: str) -> list[str] | None:
     return None
 
 
-ENV_AGENT_PID = "ORCHESTRATE_AGENT_PID"  # in the image: the agent the trainer dies with
+ENV_AGENT_PID = "ORCHESTRATE_AGENT_PID"  # in the image: the agent the trainer dies with (bootstrap)
 
 
 def task_container(

@@ -20,8 +20,9 @@ from pathlib import Path
 from scripts.benchmarks.measure import (
     REPO,
     TRAINER,
-    bench_lines,
+    first_step,
     free_ports,
+    kill_left,
     launch,
     no_kept_standbys,
 )
@@ -81,14 +82,8 @@ def raw_run(root: Path, image: str, env: dict[str, str]) -> float:
         for p in procs:
             p.wait(timeout=300)
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    text = "\n".join(log.read_text() for log in logs)
-    first, _ = bench_lines(text)
-    assert first is not None, text[-2000:]
-    return first - t0
+        kill_left(procs)
+    return first_step("\n".join(log.read_text() for log in logs)) - t0
 
 
 def orchestrated_run(root: Path, home: Path, image: str, env: dict[str, str]) -> float:
@@ -110,9 +105,7 @@ def orchestrated_run(root: Path, home: Path, image: str, env: dict[str, str]) ->
     finally:
         os.environ.clear()
         os.environ.update(saved)
-    first, _ = bench_lines(out)
-    assert first is not None, out[-2000:]
-    return first - t0
+    return first_step(out) - t0
 
 
 def container_rows(root: Path, home: Path, rounds: int, p2c: Row) -> None:

@@ -226,18 +226,28 @@ def raw_run(
         for p in procs:
             p.wait(timeout=300)
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+        kill_left(procs)
     text = "\n".join(log.read_text() for log in logs)
-    first, _ = bench_lines(text)
-    assert first is not None, text[-2000:]
-    result["first_step"] = first - t0
+    result["first_step"] = first_step(text) - t0
     if epochs > 3:  # middle epochs exist
         result["throughput"] = middle_rate(epoch_rates(text), epochs)
         result["fast"] = middle_rate(epoch_rates(text), epochs, fast=True)
     return result
+
+
+def kill_left(procs: list[subprocess.Popen[bytes]]) -> None:
+    """Whatever the round's end: no trainer of it outlives it."""
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+def first_step(text: str) -> float:
+    """The workers' logs: the wall time of the later first step."""
+    first, _ = bench_lines(text)
+    assert first is not None, text[-2000:]
+    return first
 
 
 def raw_cold_start(root: Path) -> float:
