@@ -9,9 +9,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
+from orchestrator.backends.capabilities import SLURM
 from orchestrator.config import ClusterConfig, SlurmBackend
+from orchestrator.planning.task_specs import warm_for
 from orchestrator.transport import worker_package
 from worker import ship
+from worker.container import Container, mount_of, pyxis_flags
 
 # The batch script only holds the allocation: orchestrate starts every task as a step in it.
 # It ends (COMPLETED) when orchestrate writes the release file, else at the time limit.
@@ -172,7 +175,26 @@ def slurm_task_argv(config: ClusterConfig, copy: str | None = None) -> list[str]
     """[python, COPY/worker, slurm_task]: each task of a step, run from the worker's copy."""
     assert isinstance(config.backend, SlurmBackend)
     copy = copy or f"{worker_copies(config)}/{ship.PREFIX}{worker_package.digest()}"
-    return worker_package.program_argv(config.backend.python, copy, "slurm_task")
+    python = config.backend.python
+    if config.container is not None and config.container.runtime == "pyxis":
+        python = config.container.python  # the whole task runs in the image
+    return worker_package.program_argv(python, copy, "slurm_task")
+
+
+def pyxis_step_flags(config: ClusterConfig) -> list[str]:
+    """srun's pyxis options when `[container] runtime = "pyxis"`: every task of the step (our
+    agent and its trainer) in the image, with the shared directory (the worker's copy is
+    there), the working directory and the script's directory mounted at the same paths."""
+    c = config.container
+    if c is None or c.runtime != "pyxis":
+        return []
+    workdir = str(config.entrypoint.workdir)
+    paths = [str(config.job.shared_dir), workdir]
+    if config.entrypoint.script is not None:
+        paths.append(str(config.entrypoint.script.parent))
+    mounts = tuple(dict.fromkeys([*(mount_of(p) for p in paths), *c.mounts]))
+    image = Container("pyxis", c.image, "", "", mounts=mounts, args=tuple(c.args))
+    return pyxis_flags(image, workdir)
 
 
 def srun_argv(
@@ -200,6 +222,7 @@ def srun_argv(
         "--overlap",  # the batch script that holds the allocation is not a step's business
         f"--output={agent_logs}",
         "--open-mode=append",
+        *pyxis_step_flags(config),
         *program,
         step_dir,
         str(attempt),
@@ -284,7 +307,7 @@ def dry_run_lines(config: ClusterConfig) -> list[str]:
         "allocation: " + shlex.join(sbatch),
         "each attempt: " + shlex.join(srun),
     ]
-    if config.restart.warm_restart and config.entrypoint.instrument:
+    if warm_for(config, SLURM):
         keepers = keeper_srun_argv(
             config, "<slurm job>", f"{pattern_dir}/tasks/%t/standby.log",
             slurm_task_argv(config), job_dir,

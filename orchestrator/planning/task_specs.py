@@ -103,7 +103,7 @@ def trainer_python(config: ClusterConfig, backend: SpecHosts, host_index: int) -
 def container_of(config: ClusterConfig, gpus: Sequence[int]) -> dict[str, Any] | None:
     """What the agent needs to start its trainer in the image (worker.container)."""
     c = config.container
-    if c is None:
+    if c is None or c.runtime == "pyxis":  # pyxis: the task itself is in the image
         return None
     return {"runtime": c.runtime, "image": c.image, "mounts": list(c.mounts),
             "args": list(c.args), "gpus": list(gpus)}  # fmt: skip
@@ -130,11 +130,16 @@ def container_argv(config: ClusterConfig, task: TaskPlan, uid: int) -> list[str]
 
 
 def warm_restarts(config: ClusterConfig, backend: SpecHosts) -> bool:
-    # A standby is an interpreter on the host: a trainer in an image restarts cold.
+    return warm_for(config, backend.capabilities)
+
+
+def warm_for(config: ClusterConfig, capabilities: HostAbilities) -> bool:
+    """Whether the job's restarts may be warm. A standby is an interpreter on the host: a
+    trainer in an image restarts cold."""
     return (
         config.restart.warm_restart
         and config.entrypoint.instrument
-        and backend.capabilities.warm_restarts
+        and capabilities.warm_restarts
         and config.container is None
     )
 

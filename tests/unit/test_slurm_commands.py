@@ -319,3 +319,25 @@ def test_without_requeue_an_ending_allocation_ends_the_job(tmp_path: Path) -> No
     ended = ScriptedAllocation([AllocationView(SlurmState.TIMEOUT)])
     with pytest.raises(AllocationEnded, match="Slurm job 7 ended: TIMEOUT"):
         ensure(tmp_path, ended, attempt=1)
+
+
+def test_pyxis_runs_every_task_of_the_step_in_the_image_with_the_shared_dir_mounted(
+    tmp_path: Path,
+) -> None:
+    from orchestrator.backends.slurm_commands import dry_run_lines, slurm_task_argv
+    from orchestrator.planning.task_specs import container_of
+
+    extra = '[container]\nimage = "nvcr.io#nvidia/tensorflow:24.10"\nruntime = "pyxis"\n'
+    cfg = slurm_config(tmp_path, extra=extra + 'mounts = ["/data:/data:ro"]\n')
+    program = slurm_task_argv(cfg, "/s/.orchestrate/worker-0123")
+    assert program[0] == "python3"  # the image's interpreter runs our task, then the trainer
+    argv = srun_argv(cfg, "17", 0, "/s/attempt-0", "/s/tasks/%t/agent.log", program)
+    shared = f"{tmp_path}/shared dir"
+    assert "--container-image=nvcr.io#nvidia/tensorflow:24.10" in argv
+    assert f"--container-mounts={shared}:{shared},{tmp_path}:{tmp_path},/data:/data:ro" in argv
+    assert f"--container-workdir={tmp_path}" in argv
+    assert argv.index("--container-image=nvcr.io#nvidia/tensorflow:24.10") < argv.index("python3")
+    assert container_of(cfg, ()) is None  # the agent, already in the image, wraps nothing
+    lines = dry_run_lines(cfg)
+    assert any("--container-image=" in line for line in lines)
+    assert not any(line.startswith("warm standbys") for line in lines)  # restarts are cold
