@@ -352,3 +352,38 @@ def shared_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path
     monkeypatch.setattr(tempfile, "tempdir", str(path))
     yield path
     shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def tf_image() -> Iterator[str]:
+    """The test image (tests/images/tf_image.py: Debian's Python, TensorFlow, tf-keras,
+    scikit-learn), built once if missing, and podman's settings for this host in the
+    environment of everything the test starts; skipped with the reason outside CI."""
+    why = None
+    if shutil.which("podman") is None:
+        why = "podman is not installed (apt-get install podman)"
+    elif shutil.which("debootstrap") is None:
+        why = "debootstrap is not installed (apt-get install debootstrap): the image is built"
+    elif os.geteuid() != 0:
+        why = "the image is built as root (debootstrap)"
+    if why is not None:
+        if IN_CI:
+            pytest.fail(f"container tests under CI: {why}")
+        pytest.skip(why)
+    from tests.images.tf_image import ensure_image, podman_env
+
+    name, seconds = ensure_image()
+    if seconds is not None:
+        print(f"built {name} in {seconds:.0f} s")
+    with pytest.MonkeyPatch.context() as patch:  # the CLI, supervisors and agents inherit it
+        for key, value in podman_env(name).items():
+            patch.setenv(key, value)
+        yield name
+
+
+def containers_of(job_id: str) -> list[str]:
+    out = subprocess.run(
+        ["podman", "ps", "--all", "--quiet", "--filter", f"label=orchestrate.job={job_id}"],
+        capture_output=True, text=True, check=True, timeout=60,
+    )  # fmt: skip
+    return out.stdout.split()

@@ -7,20 +7,19 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from orchestrator.backends.agents import agent_pid
 from tests.conftest import (
-    IN_CI,
     CliResult,
     as_nobody,
+    containers_of,
     job_processes,
     launch_detached,
     signal_job_process,
@@ -30,38 +29,6 @@ from tests.conftest import (
 )
 
 pytestmark = pytest.mark.timeout(900)
-
-
-@pytest.fixture(scope="module")
-def tf_image() -> Iterator[str]:
-    why = None
-    if shutil.which("podman") is None:
-        why = "podman is not installed (apt-get install podman)"
-    elif shutil.which("debootstrap") is None:
-        why = "debootstrap is not installed (apt-get install debootstrap): the image is built"
-    elif os.geteuid() != 0:
-        why = "the image is built as root (debootstrap)"
-    if why is not None:
-        if IN_CI:
-            pytest.fail(f"container tests under CI: {why}")
-        pytest.skip(why)
-    from tests.images.tf_image import ensure_image, podman_env
-
-    name, seconds = ensure_image()
-    if seconds is not None:
-        print(f"built {name} in {seconds:.0f} s")
-    with pytest.MonkeyPatch.context() as patch:  # the CLI, supervisors and agents inherit it
-        for key, value in podman_env(name).items():
-            patch.setenv(key, value)
-        yield name
-
-
-def containers_of(job_id: str) -> list[str]:
-    out = subprocess.run(
-        ["podman", "ps", "--all", "--quiet", "--filter", f"label=orchestrate.job={job_id}"],
-        capture_output=True, text=True, check=True, timeout=60,
-    )  # fmt: skip
-    return out.stdout.split()
 
 
 def image_config(tmp_path: Path, image: str, args: list[str], restart: str = "") -> Path:

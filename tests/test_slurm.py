@@ -24,6 +24,7 @@ from tests.conftest import (
     IN_CI,
     REPO,
     CliResult,
+    containers_of,
     job_processes,
     job_view,
     launch_detached,
@@ -348,3 +349,21 @@ def test_status_names_the_allocation_while_it_waits_in_the_queue(
     finally:
         with contextlib.suppress(Exception):
             subprocess.run(["scancel", hold], capture_output=True)
+
+
+def test_each_task_of_a_step_trains_in_a_podman_image_and_leaves_no_container(
+    slurm: slurmbed.SlurmBed, cli: Callable[..., CliResult], tmp_path: Path, tf_image: str
+) -> None:
+    """`[container]` with podman on the Slurm backend: each task of the step (our agent, on
+    its node) starts its trainer in the image, on the node's network."""
+    path = slurm_toml(tmp_path, epochs=2, extra=f'[container]\nimage = "{tf_image}"\n')
+    result = cli("launch", str(path), timeout=300)
+    assert result.code == 0, result.out[-3000:] + result.err[-2000:]
+    job = status_json(cli)["jobs"][0]
+    assert job["state"] == "succeeded"
+    assert all(t["epoch"] == 2 for t in job["tasks"])
+    for i in range(3):
+        log = (tmp_path / "shared" / job["id"] / "logs" / f"worker-{i}.log").read_text()
+        assert f"the trainer runs in {tf_image} (podman: orchestrate-{job['id']}-{i}-0)" in log
+    assert containers_of(job["id"]) == []
+    no_leftovers(job["id"])
