@@ -230,17 +230,20 @@ class Introduction(Protocol):
     def problems(self) -> tuple[str, ...]: ...
 
 
-def step_problems(hellos: Sequence[Introduction]) -> str:
-    """What a step's tasks said is wrong with their nodes (the preflight's checks), by node."""
+def step_problems(hellos: Sequence[Introduction], trainer_in_image: bool = False) -> str:
+    """What a step's tasks said is wrong with their nodes (the preflight's checks), by node.
+    `trainer_in_image`: each task starts its trainer in an image (podman, Apptainer), so the
+    node's own python needs no TensorFlow."""
     by_node: dict[str, list[str]] = {}
     for h in hellos:
+        tensorflow = "in the image" if trainer_in_image else h.tensorflow
         problems = [
             *h.problems,
-            *version_problems(h.protocol, h.tensorflow, f"the node's python ({h.python})"),
+            *version_problems(h.protocol, tensorflow, f"the node's python ({h.python})"),
         ]
         by_node.setdefault(h.node, [])
         by_node[h.node] += [p for p in problems if p not in by_node[h.node]]
-    versions = {h.tensorflow for h in hellos if h.tensorflow}
+    versions = set() if trainer_in_image else {h.tensorflow for h in hellos if h.tensorflow}
     trouble = [f"{node}: {', '.join(p)}" for node, p in by_node.items() if p]
     if len(versions) > 1:
         seen = {h.node: h.tensorflow for h in hellos}

@@ -227,7 +227,8 @@ class SlurmHosts:
             return None
         hooks.say(f"attempt {attempt}: starting a step in Slurm job {self.allocation.id}")
         hellos = self.start_step(config, request.job_id, layout, attempt)
-        problems = step_problems(hellos)
+        c = config.container
+        problems = step_problems(hellos, c is not None and c.runtime != "pyxis")
         if problems:
             self.stop_step(0.0)
             raise PreflightError(f"preflight failed in the Slurm step: {problems}")

@@ -246,6 +246,9 @@ def test_the_step_preflight_names_each_node_and_what_is_wrong() -> None:
     assert "n1: TensorFlow is not installed for the node's python (3.11.2)" in problems
     assert "n2: its orchestrate worker package is another version (protocol 1" in problems
     assert "TensorFlow differs: n0=2.21.0, n1=None, n2=2.20.0" in problems
+    # Trainers in an image (podman, Apptainer in the step): the node's own python needs none.
+    bare = [hello(0, "n0", 1, tensorflow=None), hello(1, "n1", 2, tensorflow="2.20.0")]
+    assert step_problems(bare, trainer_in_image=True) == ""
 
 
 class ScriptedAllocation:
