@@ -27,6 +27,7 @@ root for the namespaced test bed; without it they are reported as skipped, with 
 | P13 | Slurm: `launch` to every task's first epoch done | sbatch + srun by hand |
 | P14 | trainer SIGKILLed -> training resumed, in the warm standby | a hand-started cold start |
 | P14b | RSS of a warm standby when ready | a trainer's RSS, same round |
+| P14c | the P14 restart, trainers and standbys in a podman image | the image started by hand |
 | P15 | relaunch (stop, launch again) -> first step, kept standbys | a hand-started cold start |
 
 Every ratio is the median of per-round ratios, each round measuring its baseline and its value

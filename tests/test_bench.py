@@ -56,6 +56,7 @@ def test_quick_benchmark_produces_every_row(tmp_path: Path) -> None:
             "P13",
             "P14",
             "P14b",
+            "P14c",
             "P15",
         )
     }
@@ -66,7 +67,8 @@ def test_quick_benchmark_produces_every_row(tmp_path: Path) -> None:
         assert row["value"] is not None and row["value"] > 0, row
         has_target = row["target_value"] is not None or row["target_ratio"] is not None
         assert row["met"] in ((True, False) if has_target else (None,)), row
-    ratios = ("P1", "P2", "P3", "P3c", "P4", "P9", "P9b", "P10", "P12", "P13", "P14", "P14b", "P15")
+    ratios = ("P1", "P2", "P2c", "P3", "P3c", "P4", "P9", "P9b", "P10", "P12", "P13", "P14",
+              "P14b", "P14c", "P15")  # fmt: skip
     for row_id in ratios:
         if not rows[row_id]["skipped"]:
             assert rows[row_id]["base"] and rows[row_id]["ratio"], rows[row_id]

@@ -72,15 +72,20 @@ def test_the_example_trains_in_the_image_and_leaves_no_container(
     assert job_processes(job_id) == []
 
 
-def test_a_stop_and_a_killed_agent_leave_no_container_and_no_process(
+def test_a_warm_restart_in_the_image_then_a_stop_and_a_killed_agent_leave_nothing(
     tmp_path: Path, cli: Callable[..., CliResult], reap_pids: list[int], tf_image: str
 ) -> None:
-    path = image_config(tmp_path, tf_image, ["--epochs", "400"])
+    path = image_config(tmp_path, tf_image, ["--epochs", "400"], "standby_delay = 0")
     job_id = launch_detached(cli, path, reap_pids)
+    logs = [tmp_path / "shared" / job_id / "logs" / f"worker-{i}.log" for i in range(2)]
 
     def training() -> dict | None:
         job = status_json(cli, job_id)["jobs"][0]
         return job if all(t["step"] > 0 for t in job["tasks"]) else None
+
+    def restarted(before: int) -> dict | None:
+        job = training()
+        return job if job and all(t["attempt"] > before for t in job["tasks"]) else None
 
     job = wait_for(training, 300, interval=0.5)
     # Each task's trainer, as status shows it, is the image's interpreter running on this host
@@ -98,18 +103,47 @@ def test_a_stop_and_a_killed_agent_leave_no_container_and_no_process(
     assert another_user_reaches_nothing(pid, name, tmp_path / "shared" / job_id) == {
         "signal": False, "environ": False, "job files": False, "exec": False, "listed": False
     }  # fmt: skip
-    # A killed agent: its trainer (whose parent is the runtime's monitor) ends with it, and
-    # the group restarts, each task in a container of the next attempt.
+    # Each task's keeper holds a standby in the image (its own container), ready once it has
+    # imported the image's TensorFlow; a killed trainer restarts the group in the standbys.
+    wait_for(lambda: all("warm standby ready" in p.read_text() for p in logs), 300)
+    assert any(n == f"orchestrate-{job_id}-1-standby" for n in names_of(job_id))
+    signal_job_process(job["tasks"][1]["pid"], job_id, signal.SIGKILL)  # type: ignore[index]
+    wait_for(lambda: any("warm start: the standby" in p.read_text() for p in logs), 240)
+    job = wait_for(lambda: restarted(0), 300, interval=0.5)
+    # A warm trainer is the image's interpreter too, in its keeper's container, which is named
+    # for the attempt it serves, as status says.
+    warm = job["tasks"]  # type: ignore[index]
+    for task in warm:
+        assert os.readlink(f"/proc/{task['pid']}/exe") == "/usr/bin/python3.11"
+    wait_for(lambda: {t["container"] for t in warm} <= set(names_of(job_id)), 60)
+    # A killed agent: its trainer (in a container the runtime's monitor runs, or its keeper's)
+    # ends with it, and the group restarts.
+    before = max(t["attempt"] for t in job["tasks"])  # type: ignore[index]
     agent = agent_pid(job["tasks"][1]["agent"])  # type: ignore[index]
     assert agent is not None
     signal_job_process(agent, job_id, signal.SIGKILL)
-    wait_for(lambda: any(int(n.rpartition("-")[2]) >= 1 for n in names_of(job_id)), 240)
-    wait_for(training, 300, interval=0.5)
+    wait_for(lambda: restarted(before), 300, interval=0.5)
     assert cli("stop", job_id).code == 0
     job = wait_for_end(cli, job_id)
     assert job["state"] == "stopped"
     wait_for(lambda: containers_of(job_id) == [], 60)
     assert job_processes(job_id) == []
+    assert keepers_of(job_id) == []
+
+
+def keepers_of(job_id: str) -> list[int]:
+    """This job's standby keepers (their arguments name the job), in an image or not."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                    argv = fh.read().split(b"\0")
+            except OSError:
+                continue
+            if any(a.endswith(b"keeper.py") for a in argv) and job_id.encode() in argv:
+                found.append(int(entry))
+    return found
 
 
 def names_of(job_id: str) -> list[str]:

@@ -23,9 +23,10 @@ import signal
 import subprocess
 import threading
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+from worker.private_dir import base_dir
 from worker.spec import WorkerSpec
 
 RUNTIMES = ("podman", "docker", "apptainer", "pyxis")
@@ -44,6 +45,7 @@ class Container:
     args: tuple[str, ...] = ()  # extra runtime arguments, as the user wrote them
     gpus: tuple[int, ...] = ()  # the task's GPUs on its host (its slot's)
     executable: str = ""  # the runtime's program ("": its usual name)
+    labels: tuple[tuple[str, str], ...] = ()  # besides the job's (podman, Docker)
 
     @property
     def program(self) -> str:
@@ -75,6 +77,7 @@ def run_argv(
     names = sorted(set(env_names))
     if c.runtime in ("podman", "docker"):
         argv = [c.program, "run", "--rm", "--name", c.name, "--label", f"{JOB_LABEL}={c.job_id}",
+                *(f"--label={k}={v}" for k, v in c.labels),
                 "--network=host", "--pid=host", "--ipc=host",
                 "--workdir", workdir]  # fmt: skip
         if c.runtime == "podman":
@@ -187,16 +190,86 @@ def for_task(
         copy=copy,
     )  # fmt: skip
     env = {**env, ENV_AGENT_PID: str(os.getpid())}
+    names = list(image_env(spec, env, container))
+    run = run_argv(container, argv, spec.workdir, names, uid=os.getuid(), gid=os.getgid())
+    return container, run, {**env, **image_env(spec, env, container)}
+
+
+def image_env(spec: WorkerSpec, env: dict[str, str], container: Container) -> dict[str, str]:
+    """What the trainer in the image sees of `env` (the trainer's, on the host) on top of the
+    image's own environment: every variable the agent set or changed and every one of ours (the
+    job's id marks each of its processes: a stop finds them by it), never the host's own PATH
+    or HOME (the image has its own)."""
     if container.gpus and container.runtime in ("podman", "docker"):
         # The runtime passes only the slot's GPUs: inside they are numbered from 0.
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(len(container.gpus)))
-    # What the trainer must see: every variable the agent set or changed and every one of ours
-    # (the job's id marks each of its processes: a stop finds them by it), never the host's own
-    # PATH or HOME (the image has its own).
+        env = {**env, "CUDA_VISIBLE_DEVICES": ",".join(map(str, range(len(container.gpus))))}
     ours = {k for k in env if k.startswith("ORCHESTRATE_")} | set(spec.env)
-    names = [k for k, v in env.items() if os.environ.get(k) != v or k in ours]
-    run = run_argv(container, argv, spec.workdir, names, uid=os.getuid(), gid=os.getgid())
-    return container, run, env
+    return {k: v for k, v in env.items() if os.environ.get(k) != v or k in ours}
+
+
+def warm_env(spec: WorkerSpec, env: dict[str, str]) -> dict[str, str]:
+    """What a warm trainer in the image sees beyond the image's own environment: as a cold
+    one (image_env), less the agent it would die with (its keeper ends it with its agent)."""
+    c = task_container(
+        spec.container or {}, job_id=spec.job_id, task_index=spec.task_index,
+        attempt=spec.attempt, shared_dir=spec.shared_dir, workdir=spec.workdir, argv=spec.argv,
+        copy="",
+    )  # fmt: skip
+    return {k: v for k, v in image_env(spec, env, c).items() if k != ENV_AGENT_PID}
+
+
+# Warm restarts in an image (podman, Docker): the task's keeper (worker/warm/keeper.py) runs in
+# a container of its own, from the same image with the same mounts plus this user's private
+# directory (its socket), so that its standbys import the image's TensorFlow. A warm trainer
+# lives in the keeper's container, which is renamed for the attempt it serves.
+WARM_RUNTIMES = ("podman", "docker")
+KEEPER_LABEL = "orchestrate.keeper"  # the keeper's container: the task's index
+
+
+def keeper_container(spec: WorkerSpec, copy: str, private: str) -> Container:
+    """The task's keeper's container: the trainer's mounts, plus `private` (this user's private
+    directory on the host, where the keeper's socket is) at the same path."""
+    c = task_container(
+        spec.container or {}, job_id=spec.job_id, task_index=spec.task_index, attempt=0,
+        shared_dir=spec.shared_dir, workdir=spec.workdir, argv=spec.argv, copy=copy,
+    )  # fmt: skip
+    return replace(
+        c,
+        name=f"orchestrate-{spec.job_id}-{spec.task_index}-standby",
+        mounts=(*c.mounts, mount_of(private)),
+        labels=((KEEPER_LABEL, str(spec.task_index)),),
+    )
+
+
+def keeper_in_image(spec: WorkerSpec, argv: list[str], copy: str) -> list[str]:
+    """The keeper's `argv` ([host python, keeper.py, ...]) run in its container of the image,
+    by the image's python."""
+    c = keeper_container(spec, copy, base_dir())
+    names = [n for n in ("TMPDIR",) if n in os.environ]  # where the private directory is
+    command = [spec.argv[0], *argv[1:], "--in-image"]
+    return run_argv(c, command, spec.workdir, names, uid=os.getuid(), gid=os.getgid())
+
+
+def image_of(spec: WorkerSpec) -> str:
+    """The image the task's trainer runs in ('': the host's own Python)."""
+    return str((spec.container or {}).get("image", ""))
+
+
+def name_for_attempt(runtime: str, job_id: str, task_index: int, attempt: int) -> None:
+    """Rename the task's keeper's container for the attempt whose trainer it now runs, so that
+    `status` names the container the trainer is in (best effort: the job's sweep goes by label)."""
+    listing = listing_argv(runtime, runtime, job_id)
+    assert listing is not None
+    listing += ["--filter", f"label={KEEPER_LABEL}={task_index}"]
+    try:
+        found = subprocess.run(listing, capture_output=True, text=True, timeout=30, check=False)
+        ids = found.stdout.split()
+        if found.returncode == 0 and len(ids) == 1:
+            new = container_name(job_id, task_index, attempt)
+            subprocess.run([runtime, "rename", ids[0], new], capture_output=True, timeout=30,
+                           check=False)  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        pass
 
 
 def main_pid(container: Container) -> int | None:

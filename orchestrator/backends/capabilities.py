@@ -13,6 +13,9 @@ class Capabilities:
     warm_restarts: bool = True
     # A task's ready standby may be kept past the job's end for this user's next job.
     kept_standbys: bool = True
+    # A standby may wait in the trainer's image: its keeper in a container of its own on the
+    # task's host, beside the attempts' (podman, Docker).
+    warm_in_image: bool = True
     # Agents stop their trainer when cut off from the coordinator and every peer (where no
     # scheduler ends the tasks for us).
     orphan_timeout: bool = True
@@ -29,6 +32,7 @@ SSH = Capabilities()
 # for as long as the allocation runs: never past the job.
 SLURM = Capabilities(
     kept_standbys=False,
+    warm_in_image=False,  # the keeper step runs on the node's own Python
     orphan_timeout=False,
     elastic_width=False,
     hosts_known_before_launch=False,

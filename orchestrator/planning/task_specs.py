@@ -11,6 +11,7 @@ from orchestrator.config import ClusterConfig
 from orchestrator.config.timing import Timing
 from orchestrator.planning.gpus import task_env
 from orchestrator.planning.plan import LaunchPlan, TaskPlan
+from worker.container import WARM_RUNTIMES
 from worker.spec import ENV_PROFILE_STEPS, ENV_STRATEGY, JobLayout, WorkerSpec
 
 
@@ -22,6 +23,9 @@ class HostAbilities(Protocol):
 
     @property
     def kept_standbys(self) -> bool: ...
+
+    @property
+    def warm_in_image(self) -> bool: ...
 
     @property
     def orphan_timeout(self) -> bool: ...
@@ -84,8 +88,10 @@ def make_specs(
             standby_delay=config.restart.standby_delay,
             # The keeper waits out the longest restart gap: the backoff, then the preflight.
             standby_linger=config.restart.backoff_max + 60.0,
+            # Kept past the job only on the host: a keeper in an image ends with the job's
+            # containers (swept by the job's label).
             keep_standbys=config.restart.keep_standbys
-            if backend.capabilities.kept_standbys
+            if backend.capabilities.kept_standbys and config.container is None
             else 0.0,
             keep_standbys_bytes=config.restart.keep_standbys_mb << 20,
             sample_resources=sup.sample_resources,
@@ -134,13 +140,16 @@ def warm_restarts(config: ClusterConfig, backend: SpecHosts) -> bool:
 
 
 def warm_for(config: ClusterConfig, capabilities: HostAbilities) -> bool:
-    """Whether the job's restarts may be warm. A standby is an interpreter on the host: a
-    trainer in an image restarts cold."""
+    """Whether the job's restarts may be warm. In an image, where the keeper can run in a
+    container of its own beside the trainer's (podman, Docker; worker.container)."""
+    in_image = config.container is None or (
+        config.container.runtime in WARM_RUNTIMES and capabilities.warm_in_image
+    )
     return (
         config.restart.warm_restart
         and config.entrypoint.instrument
         and capabilities.warm_restarts
-        and config.container is None
+        and in_image
     )
 
 

@@ -1,6 +1,9 @@
-"""P2c: `launch` to the first training step with the trainers in a container image (podman),
-against the same image started by hand: two `podman run`s with TF_CONFIG, the same trainer,
-the same mounts, host networking. Rounds alternate which side goes first.
+"""The trainers in a container image (podman), each round beside the same image started by hand
+(two `podman run`s with TF_CONFIG, the same trainer, the same mounts, host networking):
+
+P2c  `launch` to the first training step; rounds alternate which side goes first;
+P14c a trainer SIGKILLed -> training resumed, in the warm standbys its keepers hold in the
+     image (waited for before the kill); a round that restarted cold is a failed round.
 
 The image is the test suite's (tests/images/tf_image.py: Debian's Python, TensorFlow and
 tf-keras, built from the package registries), built first if this machine lacks it.
@@ -38,6 +41,18 @@ def row() -> Row:
         target_ratio=1.1,
         baseline_label="the same image started by hand (podman run, TF_CONFIG)",
         target="<= 1.1x raw",
+    )
+
+
+def warm_row() -> Row:
+    return Row(
+        "P14c",
+        "trainer SIGKILL -> training resumed, warm standby in a podman image",
+        "s",
+        kind="ratio",
+        target_ratio=0.4,
+        baseline_label="a cold start of the image by hand (podman run, TF_CONFIG)",
+        target="<= 0.4x a cold start",
     )
 
 
@@ -108,10 +123,24 @@ def orchestrated_run(root: Path, home: Path, image: str, env: dict[str, str]) ->
     return first_step(out) - t0
 
 
-def container_rows(root: Path, home: Path, rounds: int, p2c: Row) -> None:
+def warm_restart(root: Path, home: Path, image: str, env: dict[str, str]) -> dict[str, float]:
+    """P14's restart (scripts/benchmarks/warm.py) with the trainers and their keepers in the
+    image."""
+    from scripts.benchmarks.warm import kill_and_resume
+
+    saved = dict(os.environ)
+    os.environ.update(env)  # the runtime's settings (CONTAINERS_CONF where needed)
+    try:
+        return kill_and_resume(root, home, warm=True, extra=f'[container]\nimage = "{image}"\n')
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def container_rows(root: Path, home: Path, rounds: int, p2c: Row, p14c: Row) -> None:
     why = unavailable()
     if why is not None:
-        p2c.skipped = why
+        p2c.skipped = p14c.skipped = why
         return
     image, env = image_and_env()
     (root / "shared").mkdir(exist_ok=True)
@@ -123,17 +152,24 @@ def container_rows(root: Path, home: Path, rounds: int, p2c: Row) -> None:
             raw, ours = raw_run(root, image, env), orchestrated_run(root, home, image, env)
         p2c.baseline.append(raw)
         p2c.values.append(ours)
-    p2c.note = (
-        f"image {image}; restarts in an image are cold (a standby is an interpreter on the "
-        "host), so P14's warm figure has no in-image counterpart yet"
-    )
+    p2c.note = f"image {image}"
+    for n in range(rounds):
+        print(f"P14c: round {n + 1}/{rounds} ...", flush=True)
+        baseline = raw_run(root, image, env)
+        warm = warm_restart(root, home, image, env)
+        if not warm["warm_used"]:
+            p14c.failed_rounds += 1  # it restarted cold: not a warm restart's figure
+            continue
+        p14c.baseline.append(baseline)
+        p14c.values.append(warm["resumed"])
+    p14c.note = f"image {image}; the keepers and their standbys run in containers of the image"
 
 
 def main() -> int:
-    p2c = row()
+    p2c, p14c = row(), warm_row()
     return measure_alone(
-        __doc__ or "", "scripts/benchmarks/container.py", [p2c],
-        lambda root, rounds: container_rows(root, root / "home", rounds, p2c),
+        __doc__ or "", "scripts/benchmarks/container.py", [p2c, p14c],
+        lambda root, rounds: container_rows(root, root / "home", rounds, p2c, p14c),
         flag="--rounds", default=3,
     )  # fmt: skip
 

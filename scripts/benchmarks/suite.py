@@ -10,6 +10,7 @@ from pathlib import Path
 from scripts.benchmarks import measure
 from scripts.benchmarks.container import container_rows
 from scripts.benchmarks.container import row as container_row
+from scripts.benchmarks.container import warm_row as warm_container_row
 from scripts.benchmarks.hostloss import host_loss_rows
 from scripts.benchmarks.hostloss import rows as host_loss_row_defs
 from scripts.benchmarks.infra import (
@@ -141,7 +142,7 @@ def run_suite(quick: bool) -> list[Row]:
     rows["P12"], rows["P13"] = slurm_row_defs()
     rows["P5"], rows["P14"], rows["P14b"] = warm_row_defs()
     rows["P15"] = relaunch_row()
-    rows["P2c"] = container_row()
+    rows["P2c"], rows["P14c"] = container_row(), warm_container_row()
     with tempfile.TemporaryDirectory(prefix="orch-bench-") as tmp:
         root = Path(tmp)
         (root / "shared").mkdir()
@@ -232,8 +233,9 @@ def run_suite(quick: bool) -> list[Row]:
         print("P5/P14 restarts, cold and warm, each beside a cold start by hand ...", flush=True)
         cold_restarts = restart_rows(root, home, repeat, rows["P5"], rows["P14"], rows["P14b"])
         rows["P4"].values = [run["seen"] for run in cold_restarts]
-        print("P2c launches with the trainers in a podman image, beside it by hand ...", flush=True)
-        container_rows(root, home, 1 if quick else 3, rows["P2c"])
+        print("P2c/P14c launches and warm restarts in a podman image, beside it by hand ...",
+              flush=True)  # fmt: skip
+        container_rows(root, home, 1 if quick else 3, rows["P2c"], rows["P14c"])
         print("P15 relaunches in kept standbys, each beside a cold start by hand ...", flush=True)
         relaunch_rows(root, home, repeat, rows["P15"])
         print("P4's baseline: TensorFlow's own reaction to a killed worker ...", flush=True)

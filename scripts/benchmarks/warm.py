@@ -55,10 +55,12 @@ def _rss_mb(pid: int) -> float:
         return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
-def kill_and_resume(root: Path, home: Path, warm: bool) -> dict[str, float]:
+def kill_and_resume(root: Path, home: Path, warm: bool, extra: str = "") -> dict[str, float]:
+    """`extra`: more of cluster.toml after the [restart] section (P14c's [container])."""
     no_kept_standbys()
     # Epochs past the standby_delay and the measurement (which stops the job).
-    config = local_config(root, 1000, extra=f"warm_restart = {'true' if warm else 'false'}")
+    restart = f"warm_restart = {'true' if warm else 'false'}\n{extra}"
+    config = local_config(root, 1000, extra=restart)
     env = orch_env(home)
     out = subprocess.run([PY, "-m", "orchestrator", "launch", "--detach", str(config)],
                          capture_output=True, text=True, env=env, cwd=REPO, check=True)  # fmt: skip

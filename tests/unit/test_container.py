@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.backends.capabilities import LOCAL, SLURM
 from orchestrator.config import load_config
 from orchestrator.errors import ConfigError
 from orchestrator.planning.plan import dry_run_plan
@@ -125,7 +126,7 @@ def test_a_mount_over_the_shared_dir_is_refused(tmp_path: Path) -> None:
         load_config(write_config(tmp_path, lines))
 
 
-def test_the_dry_run_command_mounts_what_the_trainer_needs_and_restarts_are_cold(
+def test_the_dry_run_command_mounts_what_the_trainer_needs_and_where_restarts_are_warm(
     tmp_path: Path,
 ) -> None:
     config = load_config(write_config(tmp_path, 'image = "img"\nmounts = ["/data:/data:ro"]\n'))
@@ -139,10 +140,35 @@ def test_the_dry_run_command_mounts_what_the_trainer_needs_and_restarts_are_cold
     assert argv[-2:] == ["<worker copy>/worker/bootstrap.py", str(tmp_path / "train.py")]
 
     class Backend:
-        class capabilities:
-            warm_restarts = True
+        capabilities = LOCAL
 
-    assert not warm_restarts(config, Backend())  # type: ignore[arg-type]
+    class OnSlurm:
+        capabilities = SLURM
+
+    assert warm_restarts(config, Backend())  # type: ignore[arg-type]
+    assert not warm_restarts(config, OnSlurm())  # type: ignore[arg-type]  # the keeper step
+    apptainer = load_config(write_config(tmp_path, 'image = "a.sif"\nruntime = "apptainer"\n'))
+    assert not warm_restarts(apptainer, Backend())  # type: ignore[arg-type]
+
+
+def test_a_keeper_in_the_image_has_the_private_directory_mounted_and_its_own_label(
+    tmp_path: Path,
+) -> None:
+    from worker.container import KEEPER_LABEL, keeper_container, run_argv
+    from worker.spec import WorkerSpec
+
+    spec = WorkerSpec(
+        job_id="j1", attempt=2, task_index=1, host_label="h",
+        tf_config={}, argv=["/usr/bin/python3", str(tmp_path / "train.py")],
+        container={"runtime": "podman", "image": "img", "mounts": [], "args": [], "gpus": []},
+        env={}, workdir=str(tmp_path), shared_dir=str(tmp_path / "shared"),
+    )  # fmt: skip
+    c = keeper_container(spec, "/copy", "/tmp/orchestrate-1000")
+    assert c.name == "orchestrate-j1-1-standby"
+    assert "/tmp/orchestrate-1000:/tmp/orchestrate-1000" in c.mounts
+    assert "/copy:/copy:ro" in c.mounts
+    argv = run_argv(c, ["/usr/bin/python3", "k.py"], str(tmp_path), ["TMPDIR"], uid=0, gid=0)
+    assert f"--label={KEEPER_LABEL}=1" in argv and "orchestrate.job=j1" in argv
 
 
 def test_the_agent_runs_its_trainer_through_the_runtime_with_env_by_name(

@@ -21,15 +21,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from worker.container import image_of, keeper_in_image
 from worker.spec import ENV_JOB_ID, WorkerSpec
 from worker.warm import imports_ahead
 from worker.warm.import_env import PER_JOB, import_relevant, undone_reason
 from worker.warm.keeper import MAX_KEPT
-from worker.warm.registry import kept_socket_path, memory_available, parent_of, socket_path
+from worker.warm.registry import kept_socket_path, parent_of, room_for_standby, socket_path
 from worker.warm.standby import ENV_STANDBY
 
 KEEPER = str(Path(__file__).resolve().with_name("keeper.py"))
-STANDBY_ESTIMATE = 800 << 20  # bytes a standby needs, about (TensorFlow and tf-keras imported)
 REPLY_TIMEOUT = 10.0
 # A standby still importing TensorFlow is waited for this long at most: it is ahead of a cold
 # start, which would import everything again beside it.
@@ -65,27 +65,18 @@ def _python_identity(python: str) -> list[str]:
     return identity
 
 
-def fingerprint(trainer_env: dict[str, str], python: str, user_env: dict[str, str]) -> str:
-    """What a standby was made under: Python (_python_identity), this worker package and the
-    variables that shape the import. A standby whose fingerprint differs is never used."""
+def fingerprint(
+    trainer_env: dict[str, str], python: str, user_env: dict[str, str], image: str = ""
+) -> str:
+    """What a standby was made under: Python (_python_identity, or the image's by name), this
+    worker package and the variables that shape the import. A standby whose fingerprint
+    differs is never used."""
     relevant = {
         k: v for k, v in standby_env(trainer_env).items() if k in user_env or import_relevant(k)
     }
-    blob = json.dumps([_python_identity(python), KEEPER, sorted(relevant.items())])
+    identity = [image, python] if image else _python_identity(python)
+    blob = json.dumps([identity, KEEPER, sorted(relevant.items())])
     return hashlib.sha256(blob.encode()).hexdigest()[:32]
-
-
-def room_for_standby() -> str:
-    """'' when this host has memory to spare for a standby, else why not."""
-    available, total = memory_available()
-    if not total:
-        return ""
-    if available - STANDBY_ESTIMATE < total // 10:
-        return (
-            f"{available >> 20} MB available, a standby takes about {STANDBY_ESTIMATE >> 20} MB "
-            "and 10% of memory is kept free"
-        )
-    return ""
 
 
 class KeeperLink:
@@ -328,7 +319,8 @@ def prepare_standby(
             return None
     python = spec.argv[0]
     ahead = imports_ahead.read(task_dir) if spec.warm_imports else []
-    keeper.request({"op": "prepare", "fingerprint": fingerprint(env, python, spec.env),
+    made_under = fingerprint(env, python, spec.env, image_of(spec))
+    keeper.request({"op": "prepare", "fingerprint": made_under,
                     "env": standby_env(env), "python": python, "imports": ahead,
                     "log": f"{task_dir}/standby.log"})  # fmt: skip
     return keeper
@@ -343,6 +335,8 @@ def start_keeper(
     job_id, task_index = spec.job_id, spec.task_index
     argv = [sys.executable, KEEPER, job_id, str(task_index), str(spec.standby_linger), log,
             str(spec.keep_standbys), str(spec.keep_standbys_bytes)]  # fmt: skip
+    if spec.container:  # in its own container of the image, its standbys too
+        argv = keeper_in_image(spec, argv, str(Path(KEEPER).parents[2]))
     with open(log, "ab") as out:
         subprocess.Popen(
             argv,

@@ -1,4 +1,5 @@
-"""Warm standby trainers: `python .../worker/warm/keeper.py JOB_ID TASK_INDEX LINGER LOG`.
+"""Warm standby trainers: `python .../worker/warm/keeper.py JOB_ID TASK_INDEX LINGER LOG KEEP
+KEEP_BYTES [--in-image]`.
 
 A restart costs a new interpreter and a TensorFlow import (seconds) before the user's script
 even starts. The keeper, one per task per host, holds a standby interpreter that has imported
@@ -67,7 +68,10 @@ def _say(message: str) -> None:
 
 class Keeper:
     def __init__(self, job_id: str, task_index: int, linger: float, log: str, keep: float,
-                 keep_bytes: int) -> None:  # fmt: skip
+                 keep_bytes: int, image_env: dict[str, str] | None = None) -> None:  # fmt: skip
+        # In an image (worker/container.py): the image's own environment (PATH, HOME), which
+        # each environment an agent sends completes, as a cold start in the image gets it.
+        self.image_env = image_env or {}
         self.job_id = job_id
         self.task_index = task_index
         self.linger = linger
@@ -190,14 +194,17 @@ class Keeper:
         if self.standby is None:
             imports = imports_ahead.valid(request.get("imports") or [])
             try:
-                self.standby = Child(request["python"], request["env"], request["fingerprint"],
+                self.standby = Child(request["python"], self._env(request), request["fingerprint"],
                                      self.log, imports)  # fmt: skip
             except OSError:  # the list too long for this host's exec limits: without it
                 if not imports:
                     raise
-                self.standby = Child(request["python"], request["env"], request["fingerprint"],
+                self.standby = Child(request["python"], self._env(request), request["fingerprint"],
                                      self.log, [])  # fmt: skip
         return {"ok": True}
+
+    def _env(self, request: dict[str, Any]) -> dict[str, str]:
+        return {**self.image_env, **request["env"]}
 
     def _replace_dead_standby(self) -> None:
         """A standby that died while waiting is replaced (a few times: one that cannot import
@@ -235,7 +242,7 @@ class Keeper:
         if not standby.ready:
             return {"ok": False, "reason": "the standby is still importing TensorFlow",
                     "importing": True}  # fmt: skip
-        order = {k: request[k] for k in ("env", "target", "cwd", "log")}
+        order = {k: request[k] for k in ("target", "cwd", "log")} | {"env": self._env(request)}
         try:
             standby.control.sendall(json.dumps(order).encode() + b"\n")
         except OSError as exc:
@@ -360,8 +367,10 @@ def _bind(path: str) -> socket.socket:
 def main(argv: list[str]) -> int:
     job_id, task_index, linger, log = argv[0], int(argv[1]), float(argv[2]), argv[3]
     keep, keep_bytes = float(argv[4]), int(argv[5])
+    in_image = argv[6:7] == ["--in-image"]
     try:
-        keeper = Keeper(job_id, task_index, linger, log, keep, keep_bytes)
+        keeper = Keeper(job_id, task_index, linger, log, keep, keep_bytes,
+                        dict(os.environ) if in_image else None)  # fmt: skip
     except NameTaken as exc:  # another keeper serves this task: the agent uses that one
         _say(f"not started: {exc}")
         return 0

@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from worker.container import image_of, name_for_attempt, warm_env
 from worker.spec import Phase, WorkerSpec
 from worker.warm.activation import (
     KeeperLink,
@@ -30,7 +31,8 @@ class AgentStandby:
         phase: Callable[[], Phase],
     ) -> None:
         self.spec = spec
-        self.env = env  # the trainer's
+        # The trainer's; in an image, what it sees beyond the image's own (worker/container.py)
+        self.env = warm_env(spec, env) if spec.container else env
         self._note = note
         self._stop = stop
         self._phase = phase
@@ -53,7 +55,8 @@ class AgentStandby:
         if not self._enabled or undone:
             return None
         python, *target = spec.argv
-        order = {"fingerprint": fingerprint(self.env, python, spec.env), "env": self.env,
+        image = image_of(spec)
+        order = {"fingerprint": fingerprint(self.env, python, spec.env, image), "env": self.env,
                  "target": target, "cwd": spec.workdir, "log": log_path,
                  "job_id": spec.job_id, "task_index": spec.task_index,
                  "linger": spec.standby_linger, "keep": spec.keep_standbys,
@@ -68,6 +71,12 @@ class AgentStandby:
                 self._note(f"cold start: {problem}")
             return None
         self._note(f"warm start: the standby (pid {trainer.pid}) runs the entrypoint")
+        if spec.container:  # the trainer is in the keeper's container: named for this attempt
+            runtime = str(spec.container["runtime"])
+            threading.Thread(
+                target=name_for_attempt, name="name-container", daemon=True,
+                args=(runtime, spec.job_id, spec.task_index, spec.attempt),
+            ).start()  # fmt: skip
         return trainer
 
     def due(self, exit_code: int | None = None) -> bool:

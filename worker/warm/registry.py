@@ -101,6 +101,22 @@ def memory_available() -> tuple[int, int]:
     return values.get("MemAvailable", 0), values.get("MemTotal", 0)
 
 
+STANDBY_ESTIMATE = 800 << 20  # bytes a standby needs, about (TensorFlow and tf-keras imported)
+
+
+def room_for_standby() -> str:
+    """'' when this host has memory to spare for a standby, else why not."""
+    available, total = memory_available()
+    if not total:
+        return ""
+    if available - STANDBY_ESTIMATE < total // 10:
+        return (
+            f"{available >> 20} MB available, a standby takes about {STANDBY_ESTIMATE >> 20} MB "
+            "and 10% of memory is kept free"
+        )
+    return ""
+
+
 def directory() -> str:
     return private_dir(DIR_NAME)
 
