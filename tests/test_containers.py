@@ -17,12 +17,15 @@ import pytest
 
 from orchestrator.backends.agents import agent_pid
 from tests.conftest import (
+    REPO,
     CliResult,
     as_nobody,
     containers_of,
     job_processes,
+    job_view,
     launch_detached,
     signal_job_process,
+    signal_supervisor,
     status_json,
     wait_for,
     wait_for_end,
@@ -47,10 +50,10 @@ def image_config(tmp_path: Path, image: str, args: list[str], restart: str = "")
     return path
 
 
-def test_the_example_trains_in_the_image_and_leaves_no_container(
+def test_the_example_trains_in_the_image_through_a_killed_supervisor_and_leaves_no_container(
     tmp_path: Path, cli: Callable[..., CliResult], reap_pids: list[int], tf_image: str
 ) -> None:
-    path = image_config(tmp_path, tf_image, ["--epochs", "2"])
+    path = image_config(tmp_path, tf_image, ["--epochs", "8"])
     job_id = launch_detached(cli, path, reap_pids)
     wait_for(lambda: len(containers_of(job_id)) == 2, 120)
     # Each task's container is named for its attempt (a busy machine may have restarted it).
@@ -58,17 +61,24 @@ def test_the_example_trains_in_the_image_and_leaves_no_container(
     assert [t["container"] for t in tasks] == [
         f"orchestrate-{job_id}-{t['index']}-{t['attempt']}" for t in tasks
     ]
-    job = wait_for_end(cli, job_id, timeout=600)
+    # The supervisor SIGKILLed: training goes on in the containers, and `attach` finishes it.
+    supervisor = job_view(cli, job_id)["supervisor"]["pid"]
+    signal_supervisor(supervisor, job_id, signal.SIGKILL)
+    attach = subprocess.run([sys.executable, "-m", "orchestrator", "attach", job_id],
+                            capture_output=True, text=True, timeout=600, cwd=REPO)  # fmt: skip
+    assert attach.returncode == 0, attach.stdout[-2000:] + attach.stderr
+    assert f"attached to job {job_id}" in attach.stdout
+    job = job_view(cli, job_id)
     assert job["state"] == "succeeded", job["last_cause"]
     for i in range(2):
         log = (tmp_path / "shared" / job_id / "logs" / f"worker-{i}.log").read_text()
         assert f"the trainer runs in {tf_image} (podman: orchestrate-{job_id}-{i}-0)" in log
-        assert "Epoch 2/2" in log
+        assert "Epoch 8/8" in log
     # The image's interpreter ran it (Debian's, not this machine's), and no value of the
     # environment was on a command line.
     trainer = json.loads((tmp_path / "shared" / job_id / "tasks" / "0" / "status.json").read_text())
     assert trainer["state"] == "succeeded"
-    assert containers_of(job_id) == []
+    wait_for(lambda: containers_of(job_id) == [], 60)
     assert job_processes(job_id) == []
 
 

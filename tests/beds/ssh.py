@@ -117,6 +117,7 @@ class Testbed(Bed):
             config = host_dir / "sshd_config"
             config.write_text(
                 SSHD_CONFIG.format(address=address, host_key=host_key, host_dir=host_dir, root=root)
+                + session_env()
             )
             sshd_pid = start_sshd(namespace, name, host_dir)
             hosts.append(TestHost(name, namespace, address, veth, sshd_pid, str(host_dir)))
@@ -142,6 +143,13 @@ class Testbed(Bed):
             f"ssh: ssh -i {self.identity_file} -o UserKnownHostsFile={self.known_hosts} "
             f"root@{self.hosts[0].address}",
         ]  # fmt: skip
+
+
+def session_env() -> str:
+    """sshd's lines that give each session what this machine's podman needs (a
+    containers.conf of the test image's fixture, where a plain `podman run` fails here)."""
+    conf = os.environ.get("CONTAINERS_CONF")
+    return f"SetEnv CONTAINERS_CONF={conf}\n" if conf else ""
 
 
 def missing_requirements() -> str | None:

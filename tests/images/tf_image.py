@@ -220,16 +220,36 @@ def podman_env(image: str) -> dict[str, str]:
 def _write_sandbox(conf: Path) -> None:
     conf.mkdir(mode=0o700, exist_ok=True)
     crun = conf / "crun"
-    crun.write_text(
-        "#!/bin/sh\n# crun 1.8 refuses a hybrid cgroup layout: without the cgroup2 mount here\n"
-        "exec unshare --mount --propagation private /bin/sh -c "
-        '\'umount /sys/fs/cgroup/unified 2>/dev/null; exec /usr/bin/crun "$@"\' crun "$@"\n'
+    inner = conf / "crun-in-namespace"
+    inner.write_text(
+        "#!/bin/sh\n# crun 1.8 refuses a hybrid cgroup layout: without the cgroup2 mount here.\n"
+        "# Under `ip netns exec` (the SSH test bed's hosts) /sys is a fresh sysfs without the\n"
+        "# cgroup mounts: this host's v1 hierarchies are mounted again first.\n"
+        "if ! mountpoint -q /sys/fs/cgroup; then\n"
+        "  mount -t tmpfs cgroup_root /sys/fs/cgroup\n"
+        + "".join(
+            f"  mkdir -p {d} && mount -t cgroup -o {o} cgroup {d}\n" for d, o in _cgroups_v1()
+        )
+        + "fi\n"
+        'umount /sys/fs/cgroup/unified 2>/dev/null\nexec /usr/bin/crun "$@"\n'
     )
+    crun.write_text(f'#!/bin/sh\nexec unshare --mount --propagation private /bin/sh {inner} "$@"\n')
     crun.chmod(0o700)
     (conf / "containers.conf").write_text(
         '[containers]\ndefault_ulimits = ["nofile=20000:20000", "nproc=32768:32768"]\n'
         f'[engine]\nruntime = "crun"\n[engine.runtimes]\ncrun = ["{crun}"]\n'
     )
+
+
+def _cgroups_v1() -> list[tuple[str, str]]:
+    """(mount point, options) of each cgroup v1 hierarchy mounted here."""
+    found = []
+    for line in Path("/proc/self/mounts").read_text().splitlines():
+        _, point, kind, options, *_ = line.split()
+        if kind == "cgroup" and point.startswith("/sys/fs/cgroup/"):
+            names = [o for o in options.split(",") if o not in ("rw", "ro", "relatime")]
+            found.append((point, ",".join(names)))
+    return found
 
 
 def check(name: str, log: Log) -> None:
