@@ -381,6 +381,24 @@ def tf_image() -> Iterator[str]:
         yield name
 
 
+@pytest.fixture(scope="module")
+def docker_image(tf_image: str) -> Iterator[str]:
+    """The test image in a Docker daemon of the suite's own (tests/images/docker_daemon.py),
+    DOCKER_HOST set for everything the test starts; skipped with the reason outside CI."""
+    if shutil.which("dockerd") is None or shutil.which("docker") is None:
+        why = "Docker is not installed (apt-get install docker.io)"
+        if IN_CI:
+            pytest.fail(f"Docker tests under CI: {why}")
+        pytest.skip(why)
+    from tests.images.docker_daemon import docker_daemon, load_image
+
+    with docker_daemon() as env, pytest.MonkeyPatch.context() as patch:
+        for key, value in env.items():
+            patch.setenv(key, value)
+        load_image(tf_image, env)
+        yield tf_image
+
+
 def containers_of(job_id: str) -> list[str]:
     out = subprocess.run(
         ["podman", "ps", "--all", "--quiet", "--filter", f"label=orchestrate.job={job_id}"],

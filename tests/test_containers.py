@@ -211,3 +211,42 @@ def another_user_reaches_nothing(pid: int, name: str, job_dir: Path) -> dict[str
     probe = as_nobody([sys.executable, "-c", NOBODY_PROBE, str(pid), name, str(job_dir)], env)
     out, _ = probe.communicate(timeout=120)
     return json.loads(out.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def test_docker_trains_restarts_warm_in_the_image_and_a_stop_leaves_nothing(
+    tmp_path: Path, cli: Callable[..., CliResult], reap_pids: list[int], docker_image: str
+) -> None:
+    """The same with Debian's Docker daemon (docker.io) as the runtime."""
+    path = image_config(tmp_path, docker_image, ["--epochs", "400"], "standby_delay = 0")
+    path.write_text(path.read_text().replace("[container]\n", '[container]\nruntime = "docker"\n'))
+    job_id = launch_detached(cli, path, reap_pids)
+    logs = [tmp_path / "shared" / job_id / "logs" / f"worker-{i}.log" for i in range(2)]
+
+    def training(before: int) -> dict | None:
+        job = status_json(cli, job_id)["jobs"][0]
+        ok = all(t["step"] > 0 and t["attempt"] > before for t in job["tasks"])
+        return job if ok else None
+
+    job = wait_for(lambda: training(-1), 300, interval=0.5)
+    assert "(docker: orchestrate-" in logs[0].read_text()
+    wait_for(lambda: all("warm standby ready" in p.read_text() for p in logs), 300)
+    signal_job_process(job["tasks"][1]["pid"], job_id, signal.SIGKILL)  # type: ignore[index]
+    job = wait_for(lambda: training(0), 300, interval=0.5)
+    assert any("warm start: the standby" in p.read_text() for p in logs)
+    for task in job["tasks"]:  # type: ignore[index]
+        assert os.readlink(f"/proc/{task['pid']}/exe") == "/usr/bin/python3.11"
+    warm = {t["container"] for t in job["tasks"]}  # type: ignore[index]
+    wait_for(lambda: warm <= set(docker_names(job_id)), 60)
+    assert cli("stop", job_id).code == 0
+    assert wait_for_end(cli, job_id)["state"] == "stopped"
+    wait_for(lambda: docker_names(job_id) == [], 60)
+    assert job_processes(job_id) == [] and keepers_of(job_id) == []
+
+
+def docker_names(job_id: str) -> list[str]:
+    out = subprocess.run(
+        ["docker", "ps", "--all", "--format", "{{.Names}}", "--filter",
+         f"label=orchestrate.job={job_id}"],
+        capture_output=True, text=True, check=True, timeout=60,
+    )  # fmt: skip
+    return out.stdout.split()

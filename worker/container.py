@@ -84,10 +84,9 @@ def run_argv(
             # Rootless: the user's own uid inside (files on shared_dir stay theirs); as root,
             # root inside.
             argv += ["--userns=keep-id"] if uid != 0 else []
-            argv += [f"--device=nvidia.com/gpu={g}" for g in c.gpus]  # CDI
         else:
             argv += ["--user", f"{uid}:{gid}"]
-            argv += ["--gpus", f'"device={",".join(map(str, c.gpus))}"'] if c.gpus else []
+        argv += gpu_flags(c.runtime, c.gpus)
         for mount in c.mounts:
             argv += ["--volume", mount]
         for name in names:
@@ -97,14 +96,26 @@ def run_argv(
         # Apptainer shares the host's network and PID namespace and passes the environment
         # through by default; --nv brings the host's NVIDIA driver, CUDA_VISIBLE_DEVICES (set
         # by the agent) picks the slot's GPUs.
-        argv = [c.program, "exec", "--pwd", workdir]
-        argv += ["--nv"] if c.gpus else []
+        argv = [c.program, "exec", "--pwd", workdir, *gpu_flags(c.runtime, c.gpus)]
         for mount in c.mounts:
             argv += ["--bind", mount]
         return [*argv, *c.args, c.image, *command]
     if c.runtime == "pyxis":
         return [c.program, *pyxis_flags(c, workdir), *command]
     raise ValueError(f"container runtime {c.runtime!r}: one of {', '.join(RUNTIMES)}")
+
+
+def gpu_flags(runtime: str, gpus: Sequence[int]) -> list[str]:
+    """How each runtime passes these host GPUs in: podman by CDI (the NVIDIA Container
+    Toolkit's spec), Docker by its --gpus, Apptainer with --nv (every GPU; the agent's
+    CUDA_VISIBLE_DEVICES picks the slot's); none for pyxis (Slurm's own)."""
+    if not gpus:
+        return []
+    if runtime == "podman":
+        return [f"--device=nvidia.com/gpu={g}" for g in gpus]
+    if runtime == "docker":
+        return ["--gpus", f'"device={",".join(map(str, gpus))}"']
+    return ["--nv"] if runtime == "apptainer" else []
 
 
 def pyxis_flags(c: Container, workdir: str) -> list[str]:
@@ -330,8 +341,10 @@ VERSIONS_CODE = (
     "def v(n):\n"
     "    try:\n        return m.version(n)\n"
     "    except m.PackageNotFoundError:\n        return None\n"
+    "import glob\n"
     "print(json.dumps({'python': platform.python_version(), 'tensorflow': v('tensorflow') or "
-    "v('tensorflow-cpu') or v('tf-nightly'), 'tf_keras': v('tf-keras')}))"
+    "v('tensorflow-cpu') or v('tf-nightly'), 'tf_keras': v('tf-keras'), "
+    "'gpus': len(glob.glob('/dev/nvidia[0-9]*'))}))"
 )
 
 
@@ -342,13 +355,14 @@ def present_argv(runtime: str, image: str) -> list[str] | None:
     return ["apptainer", "inspect", image] if runtime == "apptainer" else None
 
 
-def versions_argv(runtime: str, image: str, python: str) -> list[str]:
-    """The argv that prints the image's Python and TensorFlow versions (VERSIONS_CODE); it
-    never pulls the image."""
+def versions_argv(runtime: str, image: str, python: str, gpus: Sequence[int] = ()) -> list[str]:
+    """The argv that prints the image's Python and TensorFlow versions and the NVIDIA devices
+    it sees with these host `gpus` passed in (VERSIONS_CODE); it never pulls the image."""
     command = [python, "-c", VERSIONS_CODE]
     if runtime == "apptainer":
-        return ["apptainer", "exec", image, *command]
-    return [runtime, "run", "--rm", "--pull=never", "--network=host", image, *command]
+        return ["apptainer", "exec", *gpu_flags(runtime, gpus), image, *command]
+    return [runtime, "run", "--rm", "--pull=never", "--network=host",
+            *gpu_flags(runtime, gpus), image, *command]  # fmt: skip
 
 
 def missing_image(stderr: str) -> bool:

@@ -97,7 +97,12 @@ def preflight(
             args["gpu"] = {"job_id": job_id, "per_task": per_task, "per_gpu": per_gpu}
         in_image = None  # the trainer's TensorFlow is the image's: read beside the probe
         if config.container is not None:
-            in_image = _beside(image_tensorflow, backend.transport(i), config.container)
+            # The GPUs the host's tasks get (each slot's, or at least one task's), passed in
+            # as they will be: each must be visible inside.
+            asked = (per_task or 0) * (config.backend.host_slots(i) or 1)
+            in_image = _beside(
+                image_tensorflow, backend.transport(i), config.container, tuple(range(asked))
+            )
         data = backend.transport(i).worker_call("probe", args, timeout=PROBE_TIMEOUT)
         answered.add(i)
         problems = list(data.get("problems", []))

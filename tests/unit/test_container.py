@@ -263,3 +263,27 @@ def test_an_image_without_what_the_trainer_needs_is_one_line_naming_it(
         image_tensorflow(Answers(table), section)  # type: ignore[arg-type]
     ok = {RUN: (0, b'{"tensorflow": "2.21.0", "tf_keras": "2.21.0"}\n', b"")}
     assert image_tensorflow(Answers(ok), ContainerSection(image="img")) == "2.21.0"  # type: ignore[arg-type]
+
+
+def test_gpus_asked_for_but_not_visible_in_the_image_are_one_line_naming_the_flags() -> None:
+    from orchestrator.backends.image_check import image_tensorflow
+    from orchestrator.config.container import ContainerSection
+    from orchestrator.errors import PreflightError
+
+    seen = b'{"tensorflow": "2.21.0", "tf_keras": "2.21.0", "gpus": 1}\n'
+    answers = Answers({RUN: (0, seen, b"")})
+    section = ContainerSection(image="img")
+    said = (
+        "image img: 2 GPU(s) asked for, 1 visible inside it with --device=nvidia.com/gpu=0 "
+        "--device=nvidia.com/gpu=1 (generate the NVIDIA Container Toolkit's CDI spec"
+    )
+    with pytest.raises(PreflightError, match="^" + re.escape(said)):
+        image_tensorflow(answers, section, (0, 1))  # type: ignore[arg-type]
+    assert image_tensorflow(answers, section, (0,)) == "2.21.0"  # type: ignore[arg-type]
+    assert image_tensorflow(answers, section) == "2.21.0"  # type: ignore[arg-type]
+    argv = container.versions_argv("podman", "img", "python3", (0, 1))
+    assert argv[argv.index("img") - 2 : argv.index("img")] == [
+        "--device=nvidia.com/gpu=0", "--device=nvidia.com/gpu=1"
+    ]  # fmt: skip
+    apptainer = container.versions_argv("apptainer", "a.sif", "python3", (0,))
+    assert apptainer[:4] == ["apptainer", "exec", "--nv", "a.sif"]
