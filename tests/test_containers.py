@@ -156,9 +156,10 @@ def keepers_of(job_id: str) -> list[int]:
     return found
 
 
-def names_of(job_id: str) -> list[str]:
+def names_of(job_id: str, runtime: str = "podman") -> list[str]:
+    """The names of the job's containers, running or not (by the job's label)."""
     out = subprocess.run(
-        ["podman", "ps", "--all", "--format", "{{.Names}}", "--filter",
+        [runtime, "ps", "--all", "--format", "{{.Names}}", "--filter",
          f"label=orchestrate.job={job_id}"],
         capture_output=True, text=True, check=True, timeout=60,
     )  # fmt: skip
@@ -236,17 +237,8 @@ def test_docker_trains_restarts_warm_in_the_image_and_a_stop_leaves_nothing(
     for task in job["tasks"]:  # type: ignore[index]
         assert os.readlink(f"/proc/{task['pid']}/exe") == "/usr/bin/python3.11"
     warm = {t["container"] for t in job["tasks"]}  # type: ignore[index]
-    wait_for(lambda: warm <= set(docker_names(job_id)), 60)
+    wait_for(lambda: warm <= set(names_of(job_id, "docker")), 60)
     assert cli("stop", job_id).code == 0
     assert wait_for_end(cli, job_id)["state"] == "stopped"
-    wait_for(lambda: docker_names(job_id) == [], 60)
+    wait_for(lambda: names_of(job_id, "docker") == [], 60)
     assert job_processes(job_id) == [] and keepers_of(job_id) == []
-
-
-def docker_names(job_id: str) -> list[str]:
-    out = subprocess.run(
-        ["docker", "ps", "--all", "--format", "{{.Names}}", "--filter",
-         f"label=orchestrate.job={job_id}"],
-        capture_output=True, text=True, check=True, timeout=60,
-    )  # fmt: skip
-    return out.stdout.split()
