@@ -126,6 +126,9 @@ def test_a_warm_restart_in_the_image_then_a_stop_and_a_killed_agent_leave_nothin
     for task in warm:
         assert os.readlink(f"/proc/{task['pid']}/exe") == "/usr/bin/python3.11"
     wait_for(lambda: {t["container"] for t in warm} <= set(names_of(job_id)), 60)
+    # Nor can another user reach a warm trainer, in its keeper's container.
+    pid, name = warm[1]["pid"], warm[1]["container"]
+    assert not any(another_user_reaches_nothing(pid, name, tmp_path / "shared" / job_id).values())
     # A killed agent: its trainer (in a container the runtime's monitor runs, or its keeper's)
     # ends with it, and the group restarts.
     before = max(t["attempt"] for t in job["tasks"])  # type: ignore[index]
