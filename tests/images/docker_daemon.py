@@ -16,6 +16,7 @@ from pathlib import Path
 ROOT = Path("/var/tmp/orchestrate-docker")
 SOCKET = ROOT / "docker.sock"
 HOST = f"unix://{SOCKET}"
+BRIDGE_NF = [Path(f"/proc/sys/net/bridge/bridge-nf-call-{t}") for t in ("iptables", "ip6tables")]
 
 
 @contextmanager
@@ -23,6 +24,9 @@ def docker_daemon() -> Iterator[dict[str, str]]:
     """Start the daemon, wait for it to answer, yield the environment a `docker` client needs
     (DOCKER_HOST), then stop the daemon (SIGTERM, then SIGKILL) whatever happened."""
     ROOT.mkdir(mode=0o700, exist_ok=True)
+    # Left as they were: a daemon with a bridge sends bridged traffic (the test beds') through
+    # iptables; --bridge=none should not, and is checked.
+    bridged = {p: p.read_text() for p in BRIDGE_NF if p.exists()}
     log = open(ROOT / "dockerd.log", "ab")  # noqa: SIM115 - closed with the daemon
     daemon = subprocess.Popen(
         ["dockerd", "--data-root", str(ROOT / "data"), "--exec-root", str(ROOT / "run"),
@@ -48,6 +52,9 @@ def docker_daemon() -> Iterator[dict[str, str]]:
                 os.killpg(daemon.pid, signal.SIGKILL)
                 daemon.wait()
         log.close()
+        for path, value in bridged.items():
+            if path.read_text() != value:
+                path.write_text(value)
 
 
 def load_image(image: str, env: dict[str, str]) -> None:
