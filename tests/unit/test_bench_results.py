@@ -26,7 +26,7 @@ def results() -> dict:
 def defined_rows() -> dict[str, bench_rows.Row]:
     """Every row as the scripts define it now, with its fixed target."""
     rows = {r.id: r for r in (*hostloss.rows(), *slurm.rows(), *warm.rows(),
-                              warm.relaunch_row(), container.row())}  # fmt: skip
+                              warm.relaunch_row(), container.row(), container.warm_row())}  # fmt: skip
     source = SUITE.read_text()
     for row_id in ("P1", "P2", "P3", "P3c", "P4", "P6", "P7a", "P7b", "P8", "P9", "P9b"):
         assert f'"{row_id}": Row(' in source, row_id
