@@ -44,11 +44,12 @@ def docker_daemon() -> Iterator[dict[str, str]]:
             time.sleep(0.5)
         yield env
     finally:
-        if daemon.poll() is None:
-            os.killpg(daemon.pid, signal.SIGTERM)  # our own daemon, in its own session
+        # Our own child, not yet reaped (so its pid is still it), leading its own session.
+        if daemon.poll() is None and daemon.pid > 1 and os.getpgid(daemon.pid) == daemon.pid:
+            os.killpg(daemon.pid, signal.SIGTERM)
             try:
                 daemon.wait(timeout=30)
-            except subprocess.TimeoutExpired:
+            except subprocess.TimeoutExpired:  # still unreaped: still our daemon's group
                 os.killpg(daemon.pid, signal.SIGKILL)
                 daemon.wait()
         log.close()
