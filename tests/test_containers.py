@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -17,6 +19,7 @@ import pytest
 
 from orchestrator.backends.agents import agent_pid
 from tests.conftest import (
+    IN_CI,
     REPO,
     CliResult,
     as_nobody,
@@ -180,6 +183,54 @@ def test_an_image_missing_on_the_host_is_one_line_exit_3_and_nothing_starts(
     [job] = status_json(cli)["jobs"]
     assert job["state"] == "failed"
     assert containers_of(job["id"]) == [] and job_processes(job["id"]) == []
+
+
+def test_an_image_missing_on_the_host_is_pulled_from_a_registry_and_said_with_its_size(
+    tmp_path: Path, cli: Callable[..., CliResult], tf_image: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if shutil.which("docker-registry") is None:
+        why = "no image registry to pull from (apt-get install docker-registry)"
+        if IN_CI:
+            pytest.fail(f"container tests under CI: {why}")
+        pytest.skip(why)
+    from tests.images.registry import image_registry
+
+    with image_registry(tmp_path) as (address, env):
+        for key, value in env.items():
+            monkeypatch.setenv(key, value)
+        image = f"{address}/orchestrate-tf:pulled"
+        podman("push", "--quiet", tf_image, image)
+        assert subprocess.run(["podman", "image", "exists", image], timeout=60).returncode == 1
+        try:
+            path = image_config(tmp_path, image, ["--epochs", "1"])
+            checked = cli("check", str(path))
+            assert checked.code == 0, checked
+            said = re.search(
+                rf"local: pulled image {re.escape(image)} \((\d+\.\d\d) GB\) in \d+ s", checked.err
+            )
+            assert said is not None, checked.err
+            size = int(podman("image", "inspect", "--format", "{{.Size}}", image))
+            assert said.group(1) == f"{size / 1e9:.2f}"
+            # Not in the registry: one line naming the image and the registry's reason, exit 3.
+            absent = image_config(tmp_path, f"{address}/orchestrate-tf:absent", ["--epochs", "1"])
+            refused = cli("launch", str(absent))
+            assert refused.code == 3, refused
+            [line] = refused.err.strip().splitlines()
+            assert (
+                f"image {address}/orchestrate-tf:absent is not on this host and could not be pulled"
+                in line
+            )
+            assert "manifest unknown" in line
+            [job] = [j for j in status_json(cli)["jobs"] if j["state"] == "failed"]
+            assert containers_of(job["id"]) == [] and job_processes(job["id"]) == []
+        finally:
+            subprocess.run(["podman", "rmi", "--ignore", image], capture_output=True, timeout=120)
+
+
+def podman(*args: str) -> str:
+    return subprocess.run(
+        ["podman", *args], capture_output=True, text=True, check=True, timeout=300
+    ).stdout.strip()
 
 
 NOBODY_PROBE = """

@@ -365,6 +365,18 @@ def versions_argv(runtime: str, image: str, python: str, gpus: Sequence[int] = (
             *gpu_flags(runtime, gpus), image, *command]  # fmt: skip
 
 
+def pull_argv(runtime: str, image: str) -> list[str] | None:
+    """The argv that pulls the image with the runtime's own registries and credentials; None:
+    the runtime has no pull of its own a preflight could run (Apptainer reads a file, pyxis
+    imports at the step's start)."""
+    return [runtime, "pull", "--quiet", image] if runtime in ("podman", "docker") else None
+
+
+def size_argv(runtime: str, image: str) -> list[str]:
+    """The argv that prints the image's size in bytes on this host (podman, Docker)."""
+    return [runtime, "image", "inspect", "--format", "{{.Size}}", image]
+
+
 def missing_image(stderr: str) -> bool:
     """The runtime's words for an image it does not have (podman: "image not known"; Docker:
     "No such image"), after a run with --pull=never."""

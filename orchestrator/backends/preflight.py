@@ -11,7 +11,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from orchestrator.backends.agents import TransportHosts
 from orchestrator.backends.image_check import image_tensorflow
@@ -27,6 +27,7 @@ from orchestrator.planning.plan import host_labels, initial_hosts
 from orchestrator.transport.fanout import HostResults, each
 from worker.spec import HOST_PROTOCOL
 
+T = TypeVar("T")
 PROBE_TIMEOUT = 60.0
 LOW_SPACE = 1 << 20  # bytes: below this a shared directory is as good as full
 
@@ -42,6 +43,7 @@ class HostReport:
     free_bytes: int = 0
     ports: tuple[int, ...] = ()
     gpu: HostGpus | None = None  # its GPUs, when the job asks for GPUs there
+    image_pulled: str = ""  # what this preflight pulled there ("pulled image ... (2.1 GB)")
 
 
 def version_problems(protocol: object, tensorflow: object, python: str) -> list[str]:
@@ -106,7 +108,8 @@ def preflight(
         data = backend.transport(i).worker_call("probe", args, timeout=PROBE_TIMEOUT)
         answered.add(i)
         problems = list(data.get("problems", []))
-        tensorflow = data.get("tensorflow") if in_image is None else in_image.result()
+        image = None if in_image is None else in_image.result()
+        tensorflow = data.get("tensorflow") if image is None else image.tensorflow
         problems += version_problems(data.get("protocol", 1), tensorflow, backend.python(i))
         gpus = None
         if per_task and "gpu" not in data:
@@ -126,6 +129,7 @@ def preflight(
             free_bytes=int(data.get("free_bytes", 0)),
             ports=tuple(data.get("ports", [])),
             gpu=gpus,
+            image_pulled="" if image is None else image.pulled,
         )
 
     def probe_and_tell(i: int) -> HostReport:
@@ -157,9 +161,9 @@ def preflight(
     return dict(results.succeeded)
 
 
-def _beside(call: Callable[..., str], *args: object) -> concurrent.futures.Future[str]:
+def _beside(call: Callable[..., T], *args: object) -> concurrent.futures.Future[T]:
     """`call(*args)` on a thread of its own, now (its result or its error taken later)."""
-    future: concurrent.futures.Future[str] = concurrent.futures.Future()
+    future: concurrent.futures.Future[T] = concurrent.futures.Future()
 
     def run() -> None:
         try:

@@ -83,7 +83,7 @@ def check(config: ConfigArg, as_json: JsonOpt = False) -> None:
     from orchestrator.planning.port_check import render, summary
 
     with errors_as_json(as_json):
-        result = run_check(load_config(config))
+        result = run_check(load_config(config), lambda line: print(line, file=sys.stderr))
     echo(dumps(port_check(result)) if as_json else render(result))
     if not result.ok:
         sys.stdout.flush()  # the grid before the one-line summary on stderr

@@ -29,9 +29,12 @@ CALL_MARGIN = 30.0  # seconds a helper call may take beyond its own work
 HostCall = Callable[[int, str, dict[str, Any], float], Any]
 
 
-def run_check(config: ClusterConfig) -> port_check.PortCheck:
+def run_check(
+    config: ClusterConfig, say: Callable[[str], None] = lambda line: None
+) -> port_check.PortCheck:
     """Preflight every host a job starts on (PreflightError naming them when any fails), plan
-    the ports as a launch would (fixed, or probed free), and check every host -> task port."""
+    the ports as a launch would (fixed, or probed free), and check every host -> task port.
+    `say` hears of what the preflight did on a host (an image it pulled)."""
     key = f"check-{secrets.token_hex(4)}"
     backend = open_backend(config)
     try:
@@ -41,7 +44,14 @@ def run_check(config: ClusterConfig) -> port_check.PortCheck:
                 f"check needs the hosts before the job: a {kind} job's nodes are known only "
                 "once its allocation starts (see `orchestrate launch --dry-run`)"
             )
-        reports = preflight(config, backend, key)
+        reports = preflight(
+            config,
+            backend,
+            key,
+            on_answer=lambda r, _: (
+                say(f"{r.host_label}: {r.image_pulled}") if r.image_pulled else None
+            ),
+        )
         counts = {h: len(r.gpu.gpus) for h, r in reports.items() if r.gpu is not None}
         plan = plan_on_hosts(config, {h: r.ports for h, r in reports.items()}, counts)
         return check_ports(backend.lasting_call, plan, key)

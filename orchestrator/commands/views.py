@@ -169,6 +169,8 @@ def render_status(views: list[dict[str, Any]], detailed: bool) -> None:
         _write(table(headers, rows))
         for note in v["host_notes"]:
             _write(f"  {note}")
+        if v["cold_restarts"]:
+            _write(f"  restarts are cold: {v['cold_restarts']}")
 
 
 def status_text(store: Store, jobs: list[JobRecord], as_json: bool, one_job: bool) -> str:

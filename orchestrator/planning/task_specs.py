@@ -140,17 +140,29 @@ def warm_restarts(config: ClusterConfig, backend: SpecHosts) -> bool:
 
 
 def warm_for(config: ClusterConfig, capabilities: HostAbilities) -> bool:
-    """Whether the job's restarts may be warm. In an image, where the keeper can run in a
+    """Whether the job's restarts may be warm."""
+    return cold_restarts(config, capabilities) is None
+
+
+def cold_restarts(config: ClusterConfig, capabilities: HostAbilities) -> str | None:
+    """Why the job's restarts are cold (a task's next attempt imports TensorFlow afresh), as
+    `status` says it; None: they may be warm. In an image, a standby needs its keeper in a
     container of its own beside the trainer's (podman, Docker; worker.container)."""
-    in_image = config.container is None or (
-        config.container.runtime in WARM_RUNTIMES and capabilities.warm_in_image
-    )
-    return (
-        config.restart.warm_restart
-        and config.entrypoint.instrument
-        and capabilities.warm_restarts
-        and in_image
-    )
+    runtime = config.container.runtime if config.container is not None else None
+    if not config.restart.warm_restart:
+        return "warm_restart = false"
+    if not config.entrypoint.instrument:
+        return "the entrypoint is not instrumented (instrument = false): no standby can run it"
+    if not capabilities.warm_restarts:
+        return "this backend keeps no standbys"
+    if runtime is not None and runtime not in WARM_RUNTIMES:
+        return (
+            f"{runtime} runs no long-lived container beside the trainer's to hold a standby "
+            "in the image (podman and Docker do)"
+        )
+    if runtime is not None and not capabilities.warm_in_image:
+        return "this backend's standbys run on the node's own Python, not in the image"
+    return None
 
 
 def orphan_timeout(config: ClusterConfig, backend: SpecHosts) -> float:

@@ -260,6 +260,10 @@ class _Hooks:
     def host_answered(self, report: HostReport, seconds: float) -> None:
         detail = f"Python {report.python}, TensorFlow {report.tensorflow}"
         self._control.sink.host_answered(report.host_label, seconds, detail)
+        if report.image_pulled:
+            said = f"{report.host_label}: {report.image_pulled}"
+            self._control.store.add_event(self._control.job_id, "pulled", said)
+            self._control.sink.info(said)
 
     def queued(self, text: str) -> None:
         self.queued_said = True

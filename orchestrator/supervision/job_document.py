@@ -52,6 +52,20 @@ def _allocation(job: JobRecord) -> str | None:
     return plugin.allocation(job.backend_state) if plugin else None
 
 
+def _cold_restarts(job: JobRecord) -> str | None:
+    """Why the job's restarts are cold; None: they may be warm (or its plug-in is gone, or
+    its configuration is of another version)."""
+    from orchestrator.planning.task_specs import cold_restarts
+    from orchestrator.state.job_records import stored_config
+
+    plugin = _plugin(job.backend)
+    try:
+        config = stored_config(job)
+    except ValueError:  # a record an older orchestrate wrote: nothing to say
+        return None
+    return None if plugin is None else cold_restarts(config, plugin.capabilities)
+
+
 def job_view(job: JobRecord, tasks: list[TaskRecord], now: float) -> dict[str, Any]:
     alive = None if job.state.is_terminal() else supervisor_alive(job)
     pool = HostPool.from_json(job.hosts_json)
@@ -65,6 +79,8 @@ def job_view(job: JobRecord, tasks: list[TaskRecord], now: float) -> dict[str, A
         "attempt": job.attempt,
         "restarts": job.restarts,
         "preemptions": job.preemptions,
+        # why a restart imports TensorFlow afresh; null: restarts may be warm
+        "cold_restarts": _cold_restarts(job),
         "last_cause": job.last_cause,
         "created": job.created,
         "ended": job.ended,

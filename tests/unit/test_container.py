@@ -13,7 +13,7 @@ from orchestrator.backends.capabilities import LOCAL, SLURM
 from orchestrator.config import load_config
 from orchestrator.errors import ConfigError
 from orchestrator.planning.plan import dry_run_plan
-from orchestrator.planning.task_specs import container_argv, warm_restarts
+from orchestrator.planning.task_specs import cold_restarts, container_argv, warm_restarts
 from worker import container
 from worker.container import Container, listing_argv, remove_argv, run_argv
 from worker.spec import WorkerSpec
@@ -149,6 +149,14 @@ def test_the_dry_run_command_mounts_what_the_trainer_needs_and_where_restarts_ar
     assert not warm_restarts(config, OnSlurm())  # type: ignore[arg-type]  # the keeper step
     apptainer = load_config(write_config(tmp_path, 'image = "a.sif"\nruntime = "apptainer"\n'))
     assert not warm_restarts(apptainer, Backend())  # type: ignore[arg-type]
+    assert cold_restarts(config, LOCAL) is None
+    assert cold_restarts(apptainer, LOCAL) == (
+        "apptainer runs no long-lived container beside the trainer's to hold a standby in the "
+        "image (podman and Docker do)"
+    )
+    assert cold_restarts(config, SLURM) == (
+        "this backend's standbys run on the node's own Python, not in the image"
+    )
 
 
 def test_a_keeper_in_the_image_has_the_private_directory_mounted_and_its_own_label(
@@ -235,15 +243,19 @@ class Answers:
 
 
 RUN = ("podman", "run")
+PULL = ("podman", "pull")
 
 
 @pytest.mark.parametrize(
     ("table", "said"),
     [
         ({RUN: (127, b"", b"")}, "podman is not installed (needed for image img)"),
-        ({RUN: (125, b"", b"Error: img: image not known")}, "image img is not on this host"),
         ({RUN: (0, b'{"tensorflow": null}\n', b"")}, "image img: no TensorFlow and tf-keras"),
         ({RUN: (126, b"", b"exec failed")}, "image img: python3 did not start in it (podman"),
+        (
+            {RUN: (125, b"", b"Error: img: image not known"), PULL: (125, b"", b"Error: denied")},
+            "image img is not on this host and could not be pulled (podman exit 125: Error: denied)",
+        ),
         (
             {("apptainer", "inspect"): (255, b"", b"no such file")},
             "image img is not on this host (apptainer)",
@@ -262,7 +274,8 @@ def test_an_image_without_what_the_trainer_needs_is_one_line_naming_it(
     with pytest.raises(PreflightError, match="^" + re.escape(said)):
         image_tensorflow(Answers(table), section)  # type: ignore[arg-type]
     ok = {RUN: (0, b'{"tensorflow": "2.21.0", "tf_keras": "2.21.0"}\n', b"")}
-    assert image_tensorflow(Answers(ok), ContainerSection(image="img")) == "2.21.0"  # type: ignore[arg-type]
+    found = image_tensorflow(Answers(ok), ContainerSection(image="img"))  # type: ignore[arg-type]
+    assert found.tensorflow == "2.21.0" and found.pulled == ""
 
 
 def test_gpus_asked_for_but_not_visible_in_the_image_are_one_line_naming_the_flags() -> None:
@@ -279,11 +292,49 @@ def test_gpus_asked_for_but_not_visible_in_the_image_are_one_line_naming_the_fla
     )
     with pytest.raises(PreflightError, match="^" + re.escape(said)):
         image_tensorflow(answers, section, (0, 1))  # type: ignore[arg-type]
-    assert image_tensorflow(answers, section, (0,)) == "2.21.0"  # type: ignore[arg-type]
-    assert image_tensorflow(answers, section) == "2.21.0"  # type: ignore[arg-type]
+    assert image_tensorflow(answers, section, (0,)).tensorflow == "2.21.0"  # type: ignore[arg-type]
+    assert image_tensorflow(answers, section).tensorflow == "2.21.0"  # type: ignore[arg-type]
     argv = container.versions_argv("podman", "img", "python3", (0, 1))
     assert argv[argv.index("img") - 2 : argv.index("img")] == [
         "--device=nvidia.com/gpu=0", "--device=nvidia.com/gpu=1"
     ]  # fmt: skip
     apptainer = container.versions_argv("apptainer", "a.sif", "python3", (0,))
     assert apptainer[:4] == ["apptainer", "exec", "--nv", "a.sif"]
+
+
+class InTurn:
+    """A host that answers each command with the next of its answers to that command."""
+
+    host_label = "h1"
+
+    def __init__(self, answers: dict[tuple[str, str], list[tuple[int, bytes, bytes]]]) -> None:
+        self.answers = answers
+        self.ran: list[list[str]] = []
+
+    def run(self, argv: list[str], **_: object) -> object:
+        from orchestrator.transport.base import CommandResult
+
+        self.ran.append(argv)
+        code, out, err = self.answers[(argv[0], argv[1])].pop(0)
+        return CommandResult("h1", tuple(argv), code, out, err)
+
+
+@pytest.mark.parametrize("runtime", ["podman", "docker"])
+def test_a_missing_image_is_pulled_and_said_with_its_size(runtime: str) -> None:
+    from orchestrator.backends.image_check import image_tensorflow
+    from orchestrator.config.container import ContainerSection
+
+    ok = (0, b'{"tensorflow": "2.21.0", "tf_keras": "2.21.0"}\n', b"")
+    host = InTurn(
+        {
+            (runtime, "run"): [(125, b"", b"Error: Unable to find image 'img' locally"), ok],
+            (runtime, "pull"): [(0, b"sha256:abc\n", b"")],
+            (runtime, "image"): [(0, b"2071234567\n", b"")],
+        }
+    )
+    section = ContainerSection(image="reg.example:5000/tf:1", runtime=runtime)  # type: ignore[arg-type]
+    found = image_tensorflow(host, section)  # type: ignore[arg-type]
+    assert found.tensorflow == "2.21.0"
+    assert re.fullmatch(r"pulled image reg.example:5000/tf:1 \(2.07 GB\) in \d+ s", found.pulled)
+    assert [runtime, "pull", "--quiet", "reg.example:5000/tf:1"] in host.ran
+    assert all("--pull=never" in argv for argv in host.ran if argv[1] == "run")
