@@ -10,6 +10,7 @@ PreflightError, ...), and ORCHESTRATE_HOME chooses the state directory for both.
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from collections.abc import Callable
@@ -23,6 +24,7 @@ from orchestrator.supervision.job_document import status_documents
 
 if TYPE_CHECKING:
     from orchestrator.config import ClusterConfig
+    from orchestrator.config.overrides import Overrides
 
 __all__ = ["Job", "LogRecord", "jobs", "launch", "validate"]
 
@@ -99,14 +101,38 @@ def validate(config_path: str | Path) -> dict[str, Any]:
     return validated(str(config_path), cfg, dry_run_plan(cfg))
 
 
-def launch(config_path: str | Path, detach: bool = True, force: bool = False) -> Job:
+def launch(
+    config_path: str | Path,
+    detach: bool = True,
+    force: bool = False,
+    overrides: dict[str, Any] | None = None,
+    env: dict[str, str] | None = None,
+    name: str | None = None,
+) -> Job:
     """Validate, preflight every host and start the job under a background supervisor;
     returns once its tasks run (detach), or once it ended (detach=False: then see
-    `job.state`). Nothing is started when it raises."""
-    job, _ = launch_detached(config_path, force)
+    `job.state`). Nothing is started when it raises.
+
+    `overrides` sets keys of the file by their path (`{"backend.workers": 4}`), as `launch
+    --set` does; `env` adds to `[entrypoint] env` (`--env`); `name` is `job.name`. A bad one
+    raises ConfigError naming its key path."""
+    from orchestrator.config.overrides import Overrides
+
+    sets = {**(overrides or {}), **({"job.name": name} if name is not None else {})}
+    given = Overrides(
+        tuple((path, _toml_value(value)) for path, value in sets.items()),
+        tuple((env or {}).items()),
+    )
+    job, _ = launch_detached(config_path, force, overrides=given)
     if not detach:
         job.wait()
     return job
+
+
+def _toml_value(value: Any) -> str:
+    """A Python value as `--set` reads it: as TOML (JSON's numbers, booleans, lists and
+    strings are TOML's), so that a string stays one ("4" is not 4)."""
+    return json.dumps(str(value) if isinstance(value, Path) else value)
 
 
 def jobs(limit: int = 10) -> list[Job]:
@@ -118,7 +144,7 @@ def jobs(limit: int = 10) -> list[Job]:
 
 
 def register(
-    config_path: str | Path, force: bool = False
+    config_path: str | Path, force: bool = False, overrides: Overrides | None = None
 ) -> tuple[Store, JobRecord, ClusterConfig]:
     """Validate and record a job (pending); the backend's own verdict first (Slurm:
     `sbatch --test-only`). Nothing is started."""
@@ -126,22 +152,23 @@ def register(
     from orchestrator.config import load_config
     from orchestrator.state.job_records import register_job
 
-    cfg = load_config(config_path)
+    cfg = load_config(config_path, overrides)
     check_before_register(cfg, str(config_path))
     store = Store()
-    return store, register_job(store, cfg, str(config_path), force=force), cfg
+    return store, register_job(store, cfg, str(config_path), force, overrides), cfg
 
 
 def launch_detached(
     config_path: str | Path,
     force: bool = False,
     on_update: Callable[[JobRecord], None] = lambda job: None,
+    overrides: Overrides | None = None,
 ) -> tuple[Job, int]:
     """Register the job and start its background supervisor; the job and the supervisor's pid
     once the tasks run."""
     from orchestrator.commands.detached import start_detached_supervisor
 
-    store, record, _ = register(config_path, force)
+    store, record, _ = register(config_path, force, overrides)
     _, pid = start_detached_supervisor(store, record, on_update)
     return Job(record.id), pid
 

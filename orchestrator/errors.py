@@ -57,9 +57,28 @@ class JobFailedError(OrchestrateError):
     """The job ran and ended without success."""
 
 
+class JobStoppedError(OrchestrateError):
+    """The job was stopped (`orchestrate stop`, Ctrl-C) before it ended by itself."""
+
+    exit_code = 4
+
+
+class WaitTimedOut(OrchestrateError):
+    """`wait --timeout` passed; the job goes on."""
+
+    exit_code = 5
+
+
+# What a command that waits for a job's end (`wait`, `logs --follow`, `status --watch`) exits
+# with, by the job's final state.
+ENDED_EXIT_CODES = {"succeeded": 0, "failed": JobFailedError.exit_code,
+                    "stopped": JobStoppedError.exit_code}  # fmt: skip
+
+
 def exit_code_for(error: BaseException) -> int:
     """Map any error to the CLI's exit code: 2 for bad input, 3 for a preflight's refusal,
-    1 for everything else (a job that failed, a stop that could not reach a host)."""
+    4 for a job that was stopped, 5 for a wait that timed out, 1 for everything else (a job
+    that failed, a stop that could not reach a host)."""
     if isinstance(error, OrchestrateError):
         return error.exit_code
     return 1

@@ -13,6 +13,7 @@ import sys
 import sysconfig
 import tempfile
 import textwrap
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -405,3 +406,55 @@ def containers_of(job_id: str) -> list[str]:
         capture_output=True, text=True, check=True, timeout=60,
     )  # fmt: skip
     return out.stdout.split()
+
+
+class Terminal:
+    """A command run in a pseudo-terminal of its own, as from a laptop's SSH session: the
+    leader of its own session, with the terminal as its controlling one. What it prints is
+    read as it comes (and kept); `hang_up` closes the terminal, as a dropped connection
+    does, and the kernel sends the command SIGHUP."""
+
+    def __init__(self, argv: list[str], env: dict[str, str] | None = None) -> None:
+        import fcntl
+        import pty
+        import termios
+
+        self.master, slave = pty.openpty()
+        self.proc = subprocess.Popen(
+            argv, stdin=slave, stdout=slave, stderr=slave, cwd=REPO,
+            env={**os.environ, "TERM": "xterm", **(env or {})},
+            start_new_session=True,
+            preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0),
+        )  # fmt: skip
+        os.close(slave)
+        self.output = bytearray()
+        self._open = threading.Event()
+        self._open.set()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        import select
+
+        while self._open.is_set():
+            if select.select([self.master], [], [], 0.1)[0]:
+                try:
+                    chunk = os.read(self.master, 65536)
+                except OSError:
+                    return
+                if not chunk:
+                    return
+                self.output += chunk
+
+    def hang_up(self) -> None:
+        if self._open.is_set():
+            self._open.clear()
+            self._reader.join()
+            os.close(self.master)
+
+    def close(self) -> None:
+        """Hang up, and end the command if it is still ours and running."""
+        self.hang_up()
+        if self.proc.poll() is None and self.proc.pid > 1:
+            self.proc.kill()
+            self.proc.wait(timeout=30)

@@ -19,6 +19,7 @@ from orchestrator.backends.agents import agent_pid
 from tests.conftest import (
     REPO,
     CliResult,
+    Terminal,
     job_processes,
     job_view,
     launch_detached,
@@ -213,6 +214,42 @@ def test_killed_supervisor_leaves_training_running_and_attach_finishes_it(
     assert job["state"] == "succeeded"  # (a busy machine may add a restart: it resumes)
     assert all(t["epoch"] == 14 for t in job["tasks"])
     for i in (0, 1):  # the adopted log stream continued where the dead supervisor stopped
+        copy = (home / "jobs" / job_id / "logs" / f"worker-{i}.log").read_bytes()
+        assert copy == (Path(job["job_dir"]) / "logs" / f"worker-{i}.log").read_bytes()
+    assert not job_processes(job_id)
+
+
+def test_a_dropped_terminal_hands_the_job_to_a_detached_supervisor_and_training_goes_on(
+    tmp_path: Path, cli: Callable[..., CliResult], reap_pids: list[int], home: Path
+) -> None:
+    """A foreground launch in a real pseudo-terminal that closes mid-training (SIGHUP from the
+    kernel): the job goes on under a detached supervisor, and ends as it would have."""
+    path = fault_config(tmp_path, 14)
+    terminal = Terminal([sys.executable, "-m", "orchestrator", "launch", str(path)])
+    try:
+        reap_pids.append(terminal.proc.pid)
+        job_id = wait_for(lambda: (status_json(cli)["jobs"] or [{}])[0].get("id"), 60)
+        running = wait_for_epoch(cli, job_id, 2, reap_pids)
+        assert running["supervisor"]["pid"] == terminal.proc.pid
+        assert b"worker-0" in terminal.output  # it was showing the job
+        terminal.hang_up()
+        assert terminal.proc.wait(timeout=120) == 0  # handed over, not stopped
+    finally:
+        terminal.close()
+    handed = job_view(cli, job_id)
+    successor = handed["supervisor"]["pid"]
+    reap_pids.append(successor)
+    assert successor != terminal.proc.pid and handed["state"] in ("running", "restarting")
+    said = [e["message"] for e in handed["events"] if e["kind"] == "handover"]
+    assert f"supervisor {terminal.proc.pid} handed the job to supervisor {successor}" in said[-1]
+    job = wait_for_end(cli, job_id, timeout=300)
+    assert job["state"] == "succeeded", job["last_cause"]
+    assert job["supervisor"]["pid"] == successor
+    assert all(t["epoch"] == 14 for t in job["tasks"])
+    for i in (
+        0,
+        1,
+    ):  # the log copy went on where the first supervisor left it: nothing lost or twice
         copy = (home / "jobs" / job_id / "logs" / f"worker-{i}.log").read_bytes()
         assert copy == (Path(job["job_dir"]) / "logs" / f"worker-{i}.log").read_bytes()
     assert not job_processes(job_id)

@@ -6,9 +6,11 @@ them, so `orchestrate status` starts fast. TensorFlow is never imported here.
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -105,10 +107,25 @@ def launch(
     as_json: Annotated[
         bool, typer.Option("--json", help="With --dry-run or --detach: the result as JSON.")
     ] = False,
+    sets: Annotated[
+        list[str] | None,
+        typer.Option("--set", help="Override a key of the file: KEY.PATH=VALUE (repeatable)."),
+    ] = None,
+    env: Annotated[
+        list[str] | None,
+        typer.Option("--env", help="Add to [entrypoint] env: NAME=VALUE (repeatable)."),
+    ] = None,
+    env_file: Annotated[
+        Path | None, typer.Option("--env-file", help="Add to [entrypoint] env from a dotenv file.")
+    ] = None,
 ) -> None:
     """Validate, preflight every host, start one agent per task, and supervise the job."""
     from orchestrator.commands.json_views import dry_run_plan_doc, dumps, job_state
     from orchestrator.config import load_config
+    from orchestrator.config.overrides import parse
+
+    with errors_as_json(as_json):
+        overrides = parse(sets or [], env or [], env_file)
 
     if as_json and not (dry_run or detach):
         raise UsageError("--json goes with --dry-run or --detach (status --json follows a job)")
@@ -116,7 +133,7 @@ def launch(
         from orchestrator.commands.views import render_dry_run
 
         with errors_as_json(as_json):
-            cfg = load_config(config)
+            cfg = load_config(config, overrides)
         if as_json:
             echo(dumps(dry_run_plan_doc(cfg)))
         else:
@@ -126,7 +143,9 @@ def launch(
 
     if detach:
         with errors_as_json(as_json), detach_progress(Store(), plain or as_json) as panel:
-            job, pid = api.launch_detached(config, force, panel.update if panel else _ignore)
+            job, pid = api.launch_detached(
+                config, force, panel.update if panel else _ignore, overrides
+            )
         state = job.state
         if as_json:
             echo(dumps(job_state(job.id, state, supervisor_pid=pid)))
@@ -134,7 +153,7 @@ def launch(
         echo(f"job {job.id} {state} (supervisor pid {pid})")
         echo(f"  orchestrate status {job.id}   orchestrate logs {job.id} --follow")
         return
-    store, record, cfg = api.register(config, force)
+    store, record, cfg = api.register(config, force, overrides)
     _supervise(store, record, lambda: cfg, verbose, plain=plain)
 
 
@@ -149,9 +168,12 @@ def _supervise(
     verbose: bool,
     adopt: bool = False,
     plain: bool = True,
+    foreground: bool = True,
 ) -> None:
     """Run (or adopt) a job's supervision in this process to the end; exit 1 unless it
-    succeeded. Whatever fails before supervision starts ends the job FAILED with its cause."""
+    succeeded. Whatever fails before supervision starts ends the job FAILED with its cause.
+    `foreground`: in a terminal, whose closing (SIGHUP) hands the job to a detached
+    supervisor."""
     from orchestrator.supervision.supervisor import Supervisor
 
     with failing_job_on_error(store, job.id):
@@ -162,8 +184,10 @@ def _supervise(
         except BaseException:
             sink.close()  # the live panel too: the terminal is handed back as it was
             raise
-    supervisor.install_signal_handlers()
+    supervisor.install_signal_handlers(hand_over_on_hangup=foreground)
     state = supervisor.adopt() if adopt else supervisor.run()
+    if supervisor.handed_to is not None:
+        return  # the job goes on, supervised by the detached successor
     if state == JobState.STOPPED and supervisor.stopped_by is not None:
         raise typer.Exit(128 + supervisor.stopped_by)  # as a shell reports it: 130 for Ctrl-C
     if state != JobState.SUCCEEDED:
@@ -199,11 +223,30 @@ def resume(
 
 
 @app.command(hidden=True)
-def supervise(job_ref: JobArg) -> None:
-    """Supervise a registered job (the background half of `launch --detach`)."""
+def supervise(
+    job_ref: JobArg,
+    after: Annotated[
+        int | None, typer.Option("--after", help="Take the job over from this supervisor.")
+    ] = None,
+) -> None:
+    """Supervise a registered job (the background half of `launch --detach`), or take a
+    running one over from a foreground supervisor whose terminal closed (`--after PID`)."""
     store = Store()
     job = store.get_job(job_ref)
-    _supervise(store, job, lambda: launch_config(job), verbose=False)
+    if after is None:
+        _supervise(store, job, lambda: launch_config(job), verbose=False, foreground=False)
+        return
+    from orchestrator.state.takeover import AttachPlan, attach_plan
+    from orchestrator.supervision import handover, supervisor  # noqa: F401 - loaded before
+
+    cfg = launch_config(job)
+    ident = job.supervisor_ident if job.supervisor_pid == after else ""
+    handover.say_ready(store, job.id, os.getpid())
+    if not handover.wait_gone(after, ident):
+        raise UsageError(f"supervisor {after} of job {job.id} did not hand the job over")
+    job = store.get_job(job.id)
+    if attach_plan(store, job) == AttachPlan.ADOPT:
+        _supervise(store, job, lambda: cfg, verbose=False, adopt=True, foreground=False)
 
 
 @app.command()

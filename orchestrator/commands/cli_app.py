@@ -19,6 +19,9 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=True,
+    epilog="Exit codes: 0 succeeded, 1 the job failed, 2 bad input, 3 refused by the preflight, "
+    "4 the job was stopped, 5 wait --timeout passed, 130 interrupted. A closed terminal "
+    "(SIGHUP) hands a foreground job to a detached supervisor; Ctrl-C stops it.",
 )
 
 ConfigArg = Annotated[Path, typer.Argument(help="Path to cluster.toml.", show_default=False)]

@@ -14,7 +14,9 @@ import typer
 
 from orchestrator.commands.cli_app import ConfigArg, JobArg, JsonOpt, app, echo, errors_as_json
 from orchestrator.commands.console import watch_text
+from orchestrator.commands.json_views import dumps
 from orchestrator.commands.views import render_report, status_text
+from orchestrator.errors import ENDED_EXIT_CODES
 from orchestrator.state.job_records import stored_config
 from orchestrator.state.paths import job_home, report_json
 from orchestrator.state.store import Store
@@ -33,16 +35,55 @@ def status(
 ) -> None:
     """Jobs, each task's state, progress, heartbeat and restarts; from any terminal."""
     store = Store()
+    with errors_as_json(as_json):
+        one = None if job_ref is None else store.get_job(job_ref).id
+    ended: list[str] = []
 
     def snapshot() -> tuple[str, bool]:
-        jobs = [store.get_job(job_ref)] if job_ref is not None else store.list_jobs(limit)
-        text = status_text(store, jobs, as_json, job_ref is not None)
-        return text, job_ref is not None and jobs[0].state.is_terminal()
+        jobs = [store.get_job(one)] if one is not None else store.list_jobs(limit)
+        text = status_text(store, jobs, as_json, one is not None)
+        if one is not None and jobs[0].state.is_terminal():
+            ended.append(jobs[0].state.value)
+        return text, bool(ended)
 
     if not watch:
         sys.stdout.write(snapshot()[0])
         return
     watch_text(snapshot, sys.stdout, interval)
+    if ended:  # the job's end, as `wait` says it
+        raise typer.Exit(ENDED_EXIT_CODES[ended[-1]])
+
+
+@app.command()
+def wait(
+    job_ref: JobArg,
+    timeout: Annotated[
+        float | None,
+        typer.Option(help="Give up after this many seconds (exit 5); the job goes on."),
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Wait for a job to end. Exit 0 if it succeeded, 1 if it failed, 4 if it was stopped, 5 if
+    --timeout passed first (for scripts and CI pipelines)."""
+    from orchestrator.api import Job
+    from orchestrator.errors import UsageError, WaitTimedOut
+
+    with errors_as_json(as_json):
+        if timeout is not None and not (0 <= timeout < float("inf")):
+            raise UsageError(f"--timeout: must be seconds >= 0 (got {timeout:g})")
+        job_id = Store().get_job(job_ref).id
+        try:
+            state = Job(job_id).wait(timeout)
+        except TimeoutError as exc:
+            raise WaitTimedOut(str(exc)) from None
+    job = Store().get_job(job_id)
+    if as_json:
+        echo(dumps({"job": job_id, "state": state, "last_cause": job.last_cause}))
+    else:
+        echo(f"job {job_id} {state}" + (f": {job.last_cause}" if job.last_cause else ""))
+    code = ENDED_EXIT_CODES[state]
+    if code:
+        raise typer.Exit(code)
 
 
 @app.command()
@@ -77,7 +118,10 @@ def logs(
 
     store = Store()
     query = LogQuery(task, follow, timestamps, since, grep, tail, attempt, as_json)
-    follow_logs(store, store.get_job(job_ref), query)
+    job = store.get_job(job_ref)
+    follow_logs(store, job, query)
+    if follow:  # it followed the job to its end: exit as `wait` does
+        raise typer.Exit(ENDED_EXIT_CODES.get(store.get_job(job.id).state.value, 0))
 
 
 @app.command()
@@ -90,11 +134,12 @@ def report(
     from orchestrator.commands.report import write_report
 
     store = Store()
-    job = store.get_job(job_ref)
+    with errors_as_json(as_json):
+        job = store.get_job(job_ref)
     write_report(store, job, job_home(job.id))
     data = json.loads(report_json(job.id).read_text())
     if as_json:
-        echo(json.dumps(data, indent=2))
+        echo(dumps(data))
         return
     render_report(data)
 
@@ -183,7 +228,7 @@ def standbys(
              "error": found.reason(h, labels[i]) if h in found.failed else None}
             for i, h in enumerate(found.keys)
         ]  # fmt: skip
-        echo(json.dumps({"hosts": hosts}, indent=2))
+        echo(dumps({"hosts": hosts}))
         return
     for i, h in enumerate(found.keys):
         if h in found.failed:

@@ -7,14 +7,12 @@ import json
 import os
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.commands.json_document import dumps as dumps
+
 if TYPE_CHECKING:
     from orchestrator.config import ClusterConfig
     from orchestrator.planning.plan import LaunchPlan
     from orchestrator.planning.port_check import PortCheck
-
-
-def dumps(document: dict[str, Any]) -> str:
-    return json.dumps(document, indent=2)
 
 
 def problems(message: str) -> dict[str, Any]:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 import os
 import shlex
 import sys
@@ -177,7 +176,9 @@ def status_text(store: Store, jobs: list[JobRecord], as_json: bool, one_job: boo
     """What `orchestrate status` prints for these jobs (one job: with its latest events)."""
     views = status_documents(store, jobs, with_events=one_job)
     if as_json:
-        return json.dumps({"jobs": views}, indent=2) + "\n"
+        from orchestrator.commands.json_document import dumps
+
+        return dumps({"jobs": views}) + "\n"
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         render_status(views, detailed=one_job or len(jobs) == 1)

@@ -17,6 +17,8 @@ from pydantic import ValidationError
 from pydantic_core import ErrorDetails
 
 from orchestrator.config.model import ClusterConfig, SshBackend
+from orchestrator.config.overrides import Overrides
+from orchestrator.config.overrides import apply as apply_overrides
 from orchestrator.config.registry import ensure_section, section_types
 from orchestrator.config.rules import check_semantics
 from orchestrator.config.values import (
@@ -30,11 +32,15 @@ from orchestrator.config.values import (
 from orchestrator.errors import ConfigError
 
 
-def load_config(path: str | Path) -> ClusterConfig:
-    """Read, parse and validate cluster.toml; relative paths are resolved against its directory."""
+def load_config(path: str | Path, overrides: Overrides | None = None) -> ClusterConfig:
+    """Read, parse and validate cluster.toml, with the command line's `overrides` applied;
+    relative paths are resolved against its directory."""
     path = Path(path)
     source = printable(str(path))
     raw = _read_toml(path, source)
+    if overrides:
+        raw = apply_overrides(raw, overrides)
+        source += " with its overrides"
     config = parse_config(raw, source=source)
     config = _resolve_paths(config, path.resolve().parent, source)
     check_semantics(config, source)

@@ -13,11 +13,13 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from orchestrator.state.paths import job_home, overrides_path
 from orchestrator.state.states import JobState, TaskState
 from orchestrator.state.store import JobRecord, Store, TaskRecord
 
 if TYPE_CHECKING:
     from orchestrator.config import ClusterConfig
+    from orchestrator.config.overrides import Overrides
     from orchestrator.planning.plan import LaunchPlan
 
 
@@ -26,10 +28,15 @@ def new_job_id(name: str) -> str:
 
 
 def register_job(
-    store: Store, config: ClusterConfig, config_path: str, force: bool = False
+    store: Store,
+    config: ClusterConfig,
+    config_path: str,
+    force: bool = False,
+    overrides: Overrides | None = None,
 ) -> JobRecord:
     """Record a validated job (state PENDING) with its planned tasks; starts nothing.
-    `force` (`launch --force`) is kept with the job, for its restarts and resumes too."""
+    `force` (`launch --force`) is kept with the job, for its restarts and resumes too; so are
+    the command line's `overrides` (in a private file of the job's: env values are secrets)."""
     from orchestrator.planning.plan import dry_run_plan
     from orchestrator.planning.task_specs import job_layout
 
@@ -47,8 +54,15 @@ def register_job(
         updated=now,
         forced=force,
     )
+    if overrides:
+        from worker.atomic import makedirs_private, write_bytes_atomic
+
+        makedirs_private(job_home(job_id))
+        write_bytes_atomic(overrides_path(job_id), overrides.to_json().encode(), mode=0o600)
     store.create_job(job, task_records(job_id, dry_run_plan(config), 0))
     store.add_event(job_id, "created", f"job {job_id} created from {config_path}")
+    if overrides:
+        store.add_event(job_id, "overrides", overrides.described())
     if force:
         store.add_event(job_id, "forced", "launch --force: GPUs busy with other programs are used")
     return job
@@ -92,12 +106,16 @@ def stored_config(job: JobRecord) -> ClusterConfig:
 
 def launch_config(job: JobRecord) -> ClusterConfig:
     """The configuration a supervisor runs the job with (detached, or attaching), env values
-    included: read again from the job's cluster.toml, and refused if it changed since."""
+    included: read again from the job's cluster.toml with its launch's overrides, and refused
+    if it changed since."""
     from orchestrator.config import load_config
+    from orchestrator.config.overrides import Overrides
     from orchestrator.errors import ConfigError, UsageError
 
+    path = overrides_path(job.id)
+    overrides = Overrides.from_json(path.read_text()) if path.exists() else None
     try:
-        config = load_config(Path(job.config_path))
+        config = load_config(Path(job.config_path), overrides)
     except ConfigError as exc:
         raise UsageError(f"job {job.id}: cannot read its configuration again: {exc}") from None
     if stored_config_json(config) != job.config_json:

@@ -63,6 +63,11 @@ def job_home(job_id: str) -> Path:
     return orchestrate_home() / "jobs" / job_id
 
 
+def overrides_path(job_id: str) -> Path:
+    """The launch's `--set`/`--env` overrides, for its later supervisors (private: secrets)."""
+    return job_home(job_id) / "overrides.json"
+
+
 def log_copies_dir(job_id: str) -> Path:
     return job_home(job_id) / "logs"
 

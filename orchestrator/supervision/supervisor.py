@@ -35,6 +35,7 @@ from orchestrator.logs.logstream import LineSink
 from orchestrator.state.paths import collected_dir, report_png
 from orchestrator.state.states import JobState, TaskState
 from orchestrator.state.store import JobRecord, Store
+from orchestrator.supervision import handover
 from orchestrator.supervision.agent_errors import name_agent_errors
 from orchestrator.supervision.attempt import Attempt
 from orchestrator.supervision.attempt_control import BROKEN_GROUP_GRACE, AttemptControl
@@ -47,10 +48,10 @@ from orchestrator.supervision.notify import Notifier
 from orchestrator.supervision.observations import Decision, FailureKind, Verdict, failure
 from orchestrator.supervision.restart_policy import plan_restart
 from orchestrator.supervision.stop_outcome import unconfirmed_cause
+from orchestrator.supervision.straggler_report import tell_stragglers
 from orchestrator.supervision.stragglers import StragglerWatch
 from orchestrator.supervision.tick import Tick
 from worker.proctl import identity, not_nested
-from worker.spec import AgentState, Phase
 
 
 class Supervisor:
@@ -79,15 +80,26 @@ class Supervisor:
         self.hosts = Hosts(ctx)
         self.notifier = Notifier(config.notify, store, job.id)
         self._given_back = False  # backend.finish: once, whichever way the job ends
+        self.hangup = threading.Event()  # the terminal closed: hand the job over
+        self.handover = handover.Handover()
+        self.handed_to: int | None = None  # the supervisor that took the job over
 
-    def install_signal_handlers(self) -> None:
+    def install_signal_handlers(self, hand_over_on_hangup: bool = False) -> None:
+        """SIGINT and SIGTERM stop the job. SIGHUP (the terminal closed) hands it to a
+        detached supervisor where `hand_over_on_hangup` (a foreground one), else stops it."""
+
         def on_signal(signum: int, frame: FrameType | None) -> None:
             if self.stopped_by is None:
                 self.stopped_by = signum
             self.stop_requested.set()
 
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        def on_hangup(signum: int, frame: FrameType | None) -> None:
+            handover.silence_terminal()
+            self.hangup.set()
+
+        for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, not_nested(on_signal))
+        signal.signal(signal.SIGHUP, not_nested(on_hangup if hand_over_on_hangup else on_signal))
 
     # --- entry points -------------------------------------------------------------------
     def run(self) -> JobState:
@@ -276,6 +288,8 @@ class Supervisor:
         # task whose steps are not observed meets it at the rendezvous) is not judged again.
         startup_passed = False
         while not self.stop_requested.is_set():
+            if self.hangup.is_set() and self._handed_over():
+                return None
             observations = self.tick.next(attempt, sup.poll_interval)
             lost = self.hosts.lost(attempt)
             if lost is not None:  # before the rules: its tasks' errors follow from it
@@ -294,36 +308,8 @@ class Supervisor:
             if regrow is not None:
                 return regrow
             startup_passed = elapsed > sup.startup_deadline
-            self._judge_stragglers(stragglers, attempt)
+            tell_stragglers(stragglers, attempt, self.store, self.job.id, self.notifier, self.sink)
         return None
-
-    def _judge_stragglers(self, stragglers: StragglerWatch, attempt: Attempt) -> None:
-        """A warning (event, console line and `status` column) when a task holds the group
-        back, and when it no longer does; never a failure."""
-        # Evidence only while every task trains: in the first seconds, and in the last ones
-        # (the chief saving, or gone), the shares of waiting say nothing about a straggler.
-        statuses = attempt.watch.statuses()
-        training = list(statuses.values())
-        if len(training) < len(attempt.plan.tasks) or not all(
-            s is not None and s.state == AgentState.RUNNING and s.progress.phase == Phase.TRAINING
-            for s in training
-        ):
-            return
-        resources = {i: s.resources if s else None for i, s in statuses.items()}
-        hosts = {t.index: t.host_index for t in attempt.plan.tasks}
-        changes = stragglers.judge(time.monotonic(), resources, hosts)
-        for change in changes:
-            message = change.message()
-            self.store.add_event(self.job.id, "straggler", message, task=change.task)
-            if change.straggler is not None:
-                self.notifier.event("straggler", message)
-            self.sink.info(message)
-        if changes:
-            self.store.update_tasks(
-                self.job.id,
-                {c.task: {"straggler": c.straggler.reason if c.straggler else ""}
-                 for c in changes},
-            )  # fmt: skip
 
     # --- ending -----------------------------------------------------------------------
     def _succeed(self, attempt: Attempt, outcome: Decision) -> JobState:
@@ -338,7 +324,15 @@ class Supervisor:
         self._finish(JobState.SUCCEEDED, outcome.cause)
         return JobState.SUCCEEDED
 
+    def _handed_over(self) -> bool:
+        """Whether the job is now its detached successor's (handover.py)."""
+        self.handed_to = self.handover.poll(self.store, self.job.id, self.sink.info)
+        return self.handed_to is not None
+
     def _stop_on_request(self, attempt: Attempt | None) -> JobState:
+        if self.handed_to is not None:  # nothing stopped, nothing given back: it is theirs
+            self._given_back = True
+            return self.job_state.state
         self.job_state.to(JobState.STOPPING)
         self.sink.info("stop requested: stopping every task")
         if attempt is not None:  # else between attempts: only what earlier stops left
