@@ -33,6 +33,7 @@ from tests.beds import ssh as tb
 from tests.conftest import (
     REPO,
     CliResult,
+    Terminal,
     job_view,
     launch_detached,
     python_with_env,
@@ -430,6 +431,38 @@ def test_dropped_connections_lose_and_double_no_log_line(
         numbered = [ln for ln in copy.splitlines() if ln.startswith(b"line ")]
         assert [int(ln.split()[1]) for ln in numbered] == list(range(count))
         assert out.count(f"[worker-{i} h{i}] line ") == count
+
+
+def test_a_dropped_terminal_hands_an_ssh_job_to_a_detached_supervisor(
+    bed: tb.Testbed, tmp_path: Path, cli: Callable[..., CliResult], home: Path
+) -> None:
+    """A foreground launch on three SSH hosts, in a pseudo-terminal that closes (the kernel's
+    SIGHUP): the job goes on under a detached supervisor, nothing lost or twice in its logs."""
+    path = fake_toml(bed, tmp_path, ["--mode", "count:2400", "--task-0", "ok-after:16"])
+    terminal = Terminal([sys.executable, "-m", "orchestrator", "launch", "--plain", str(path)])
+    try:
+        running = wait_for(
+            lambda: next((j for j in status_json(cli)["jobs"] if j["state"] == "running"), None),
+            60,
+        )
+        assert running["supervisor"]["pid"] == terminal.proc.pid
+        terminal.hang_up()
+        assert terminal.proc.wait(timeout=120) == 0
+    finally:
+        terminal.close()
+    job = wait_for_end(cli, running["id"], timeout=120)
+    assert job["state"] == "succeeded", job["last_cause"]
+    assert job["supervisor"]["pid"] not in (None, terminal.proc.pid)
+    said = [e["message"] for e in job["events"] if e["kind"] == "handover"]
+    assert said[-1].endswith(f"handed the job to supervisor {job['supervisor']['pid']}")
+    for i in range(3):
+        shared_log = (tmp_path / "shared" / job["id"] / "logs" / f"worker-{i}.log").read_bytes()
+        copy = (home / "jobs" / job["id"] / "logs" / f"worker-{i}.log").read_bytes()
+        assert copy == shared_log
+        if i:  # every numbered line, once
+            numbered = [ln for ln in copy.splitlines() if ln.startswith(b"line ")]
+            assert [int(ln.split()[1]) for ln in numbered] == list(range(2400))
+    assert wait_for(lambda: no_job_process_left(bed), 30)
 
 
 # --- the real example on three hosts --------------------------------------------------------
