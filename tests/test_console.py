@@ -104,7 +104,10 @@ def test_since_and_task_lists_parse_or_fail_in_one_line() -> None:
     assert parse_since("2h", now) == now - 7200
     assert parse_since("1h30m", now) == now - 5400  # kubectl's form
     assert parse_since("1d2h3m4s", now) == now - 93784
-    assert parse_since("2026-12-03T11:40:00", now) > 0
+    # A time is UTC, as --timestamps prints it, whatever this machine's zone.
+    assert parse_since("2026-12-03T11:40:00", now) == 1796298000.0
+    assert parse_since("2026-12-03T12:40:00+01:00", now) == 1796298000.0
+    assert parse_since("11:40", 1796298000.0 + 3600) == 1796298000.0
     with pytest.raises(UsageError, match="--since '1h30'"):
         parse_since("1h30", now)
     with pytest.raises(UsageError, match="--since 'yesterday'"):

@@ -97,7 +97,8 @@ def logs(
         bool, typer.Option("--timestamps", help="Prefix each line with when it arrived (UTC).")
     ] = False,
     since: Annotated[
-        str | None, typer.Option(help="Only lines since an age (90s, 5m, 2h) or a time (11:40).")
+        str | None,
+        typer.Option(help="Only lines since an age (90s, 5m, 2h) or a UTC time (11:40)."),
     ] = None,
     grep: Annotated[
         str | None, typer.Option("--grep", help="Only lines matching this regular expression.")

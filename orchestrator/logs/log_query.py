@@ -17,7 +17,7 @@ import sys
 import time
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 
 from orchestrator.errors import OrchestrateError, UsageError
@@ -34,20 +34,22 @@ _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
 def parse_since(text: str, now: float) -> float:
-    """`--since`: an age (`90s`, `5m`, `2h`, `1d`, or kubectl's `1h30m`) or a local time
-    (`2026-12-03T11:40`, `11:40`), as a UNIX time."""
+    """`--since`: an age (`90s`, `5m`, `2h`, `1d`, or kubectl's `1h30m`) or a time in UTC, as
+    `--timestamps` prints them (`2026-12-03T11:40`, `11:40` today; an explicit offset such as
+    `+01:00` is honoured), as a UNIX time."""
     if re.fullmatch(r"(\d+(?:\.\d+)?[smhd])+", text.strip()):
         parts = re.findall(r"(\d+(?:\.\d+)?)([smhd])", text)
         return now - sum(float(n) * _UNITS[unit] for n, unit in parts)
     try:
         if re.fullmatch(r"\d{1,2}:\d\d(:\d\d)?", text.strip()):
-            today = datetime.fromtimestamp(now).date().isoformat()
-            return datetime.fromisoformat(f"{today}T{text.strip()}").timestamp()
-        return datetime.fromisoformat(text.strip()).timestamp()
+            today = datetime.fromtimestamp(now, UTC).date().isoformat()
+            text = f"{today}T{text.strip()}"
+        when = datetime.fromisoformat(text.strip())
+        return (when if when.tzinfo else when.replace(tzinfo=UTC)).timestamp()
     except ValueError:
         raise UsageError(
-            f"--since {text!r}: give an age like 90s, 5m, 1h30m, 1d or a time like 11:40 "
-            "or 2026-12-03T11:40"
+            f"--since {text!r}: give an age like 90s, 5m, 1h30m, 1d or a time in UTC like "
+            "11:40 or 2026-12-03T11:40"
         ) from None
 
 
