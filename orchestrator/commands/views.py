@@ -28,7 +28,7 @@ def _write(text: str = "") -> None:
 
 def _epoch_cell(task: dict[str, Any]) -> str:
     """Epoch of total; '-' where no epoch was reported (a custom loop: epochs are its own)."""
-    if not task["epoch"]:
+    if not task["epochs_observed"]:
         return "-"
     return f"{task['epoch']}/{task['total_epochs']}" if task["total_epochs"] else str(task["epoch"])
 

@@ -109,6 +109,8 @@ def job_view(job: JobRecord, tasks: list[TaskRecord], now: float) -> dict[str, A
                 "exit_code": t.exit_code,
                 "attempt": t.attempt,
                 "epoch": t.epoch,
+                # false: the trainer reports no epochs (a custom loop): `epoch` is 0 then
+                "epochs_observed": bool(t.epoch or t.total_epochs),
                 "initial_epoch": t.initial_epoch,
                 "step": t.step,
                 "loss": t.loss,
