@@ -139,3 +139,44 @@ def test_a_bad_override_is_one_line_exit_2_and_nothing_is_registered(
         assert said in line, line
     assert status_json(cli)["jobs"] == []
     assert not any(os.scandir(tmp_path / "shared"))
+
+
+def test_delete_and_prune_remove_ended_jobs_only_and_their_files_when_asked(
+    tmp_path: Path, cli: Callable[..., CliResult], home: Path
+) -> None:
+    done = detached(cli, job_file(tmp_path, ["--mode", "ok"]))
+    assert cli("wait", done).code == 0
+    kept = detached(cli, job_file(tmp_path, ["--mode", "ok"]))
+    assert cli("wait", kept).code == 0
+    running = detached(cli, job_file(tmp_path, ["--mode", "sleep"]))
+    shared = tmp_path / "shared"
+    assert (shared / done).is_dir() and (home / "jobs" / done).is_dir()
+
+    refused = cli("delete", running, "--files")
+    assert refused.code == 2, refused
+    assert refused.err.strip() == (
+        f"error: job {running} is running: stop it first (orchestrate stop {running})"
+    )
+    assert (shared / running).is_dir() and job_ids(cli) == {done, kept, running}
+
+    deleted = cli("delete", done, "--files")
+    assert deleted.code == 0, deleted
+    assert deleted.out.strip() == f"deleted job {done} and {shared / done}"
+    assert not (shared / done).exists() and not (home / "jobs" / done).exists()
+    assert job_ids(cli) == {kept, running}
+    assert cli("delete", done).code == 2  # gone: no such job
+
+    bad = cli("prune", "--older-than", "a month")
+    assert bad.code == 2 and "--older-than 'a month': give an age like 30d" in bad.err
+    planned = cli("prune", "--older-than", "0s", "--dry-run", "--json")
+    assert json.loads(planned.out)["deleted"] == [kept]  # never the running one
+    assert job_ids(cli) == {kept, running}
+    pruned = cli("prune", "--older-than", "0s")
+    assert pruned.code == 0 and f"deleted job {kept}" in pruned.out
+    assert (shared / kept).is_dir()  # without --files its directory stays
+    assert job_ids(cli) == {running}
+    assert cli("stop", running).code == 0
+
+
+def job_ids(cli: Callable[..., CliResult]) -> set[str]:
+    return {j["id"] for j in status_json(cli)["jobs"]}

@@ -283,6 +283,62 @@ def stop(job_ref: JobArg, as_json: JsonOpt = False) -> None:
     echo(f"job {job_id} already {state}" if already else f"job {job_id} {state}")
 
 
+@app.command()
+def delete(
+    job_ref: JobArg,
+    files: Annotated[
+        bool, typer.Option("--files", help="Also its directory on the shared filesystem.")
+    ] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Remove an ended job's records (never a running job's); with --files, its checkpoints,
+    model and logs on the shared filesystem too."""
+    from orchestrator.commands.json_views import dumps
+    from orchestrator.commands.removal import delete_job
+
+    with errors_as_json(as_json):
+        store = Store()
+        removed = delete_job(store, store.get_job(job_ref), files)
+    if as_json:
+        echo(dumps({"deleted": [removed.job_id], "files": [removed.files] if files else []}))
+        return
+    echo(f"deleted job {removed.job_id}" + (f" and {removed.files}" if removed.files else ""))
+
+
+@app.command()
+def prune(
+    older_than: Annotated[
+        str, typer.Option("--older-than", help="Jobs that ended longer ago than this (30d, 12h).")
+    ],
+    files: Annotated[
+        bool, typer.Option("--files", help="Also their directories on the shared filesystem.")
+    ] = False,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Say what would go; remove nothing.")
+    ] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Remove every ended job older than --older-than (running jobs are never touched)."""
+    from orchestrator.commands.json_views import dumps
+    from orchestrator.commands.removal import prune as prune_jobs
+    from orchestrator.logs.log_query import parse_age
+
+    with errors_as_json(as_json):
+        age = parse_age(older_than)
+        if age is None:
+            raise UsageError(f"--older-than {older_than!r}: give an age like 30d, 12h or 1h30m")
+        removed = prune_jobs(Store(), age, files, dry_run)
+    if as_json:
+        echo(dumps({"deleted": [r.job_id for r in removed], "dry_run": dry_run,
+                    "files": [r.files for r in removed if r.files]}))  # fmt: skip
+        return
+    verb = "would delete" if dry_run else "deleted"
+    for r in removed:
+        echo(f"{verb} job {r.job_id}" + (f" and {r.files}" if r.files else ""))
+    said = "to delete" if dry_run else "deleted"
+    echo(f"{len(removed)} job(s) {said}" if removed else "no job ended that long ago")
+
+
 # The commands that look at jobs register after these (the order `--help` lists them in).
 import orchestrator.commands.cli_inspect  # noqa: E402, F401
 

@@ -33,13 +33,21 @@ __all__ = ["Grep", "LogLine", "LogQuery", "LogRecord", "TimedLog", "follow_logs"
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
+def parse_age(text: str) -> float | None:
+    """An age (`90s`, `5m`, `2h`, `30d`, or kubectl's `1h30m`) in seconds; None: not one."""
+    if not re.fullmatch(r"(\d+(?:\.\d+)?[smhd])+", text.strip()):
+        return None
+    parts = re.findall(r"(\d+(?:\.\d+)?)([smhd])", text)
+    return sum(float(n) * _UNITS[unit] for n, unit in parts)
+
+
 def parse_since(text: str, now: float) -> float:
     """`--since`: an age (`90s`, `5m`, `2h`, `1d`, or kubectl's `1h30m`) or a time in UTC, as
     `--timestamps` prints them (`2026-12-03T11:40`, `11:40` today; an explicit offset such as
     `+01:00` is honoured), as a UNIX time."""
-    if re.fullmatch(r"(\d+(?:\.\d+)?[smhd])+", text.strip()):
-        parts = re.findall(r"(\d+(?:\.\d+)?)([smhd])", text)
-        return now - sum(float(n) * _UNITS[unit] for n, unit in parts)
+    age = parse_age(text)
+    if age is not None:
+        return now - age
     try:
         if re.fullmatch(r"\d{1,2}:\d\d(:\d\d)?", text.strip()):
             today = datetime.fromtimestamp(now, UTC).date().isoformat()

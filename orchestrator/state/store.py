@@ -270,6 +270,12 @@ class Store:
             raise JobNotFoundError(f"no job {ref!r} (see `orchestrate status`)")
         return _job(row)
 
+    def delete_job(self, job_id: str) -> bool:
+        """Remove an ended job with all its rows; False: it is not ended (now)."""
+        ended = [s.value for s in JobState if s.is_terminal()]
+        sql = f"DELETE FROM jobs WHERE id = ? AND state IN ({', '.join('?' * len(ended))})"
+        return self._db.execute(sql, (job_id, *ended)).rowcount == 1
+
     def list_jobs(self, limit: int = 50) -> list[JobRecord]:
         rows = self._db.execute(
             "SELECT * FROM jobs ORDER BY created DESC LIMIT ?", (limit,)
