@@ -173,16 +173,22 @@ def launch_detached(
     return Job(record.id), pid
 
 
-def reopen(job_ref: str) -> tuple[Store, JobRecord, ClusterConfig]:
+def reopen(job_ref: str) -> tuple[Store, JobRecord, ClusterConfig, str]:
     """A failed or stopped job made pending again for its next attempt, with the configuration
-    it runs with (refused if its cluster.toml changed since the launch)."""
+    it runs with (refused if its cluster.toml changed since the launch), and which checkpoint
+    the attempt starts from, said in one line (refused, naming it, if the newest is corrupt)."""
     from orchestrator.state.job_records import launch_config
-    from orchestrator.state.job_state import reopen_for_resume
+    from orchestrator.state.job_state import refuse_resume, reopen_for_resume
+    from orchestrator.supervision.checkpoints import resume_point
 
     store = Store()
     job = store.get_job(job_ref)
     cfg = launch_config(job)
-    return store, reopen_for_resume(store, job), cfg
+    refuse_resume(store, job)
+    said = resume_point(job)
+    reopened = reopen_for_resume(store, job)
+    store.add_event(job.id, "resume_from", said)
+    return store, reopened, cfg, said
 
 
 def resume(
@@ -192,7 +198,7 @@ def resume(
     once its tasks run."""
     from orchestrator.commands.detached import start_detached_supervisor
 
-    store, record, _ = reopen(job_ref)
+    store, record, _, _ = reopen(job_ref)
     return start_detached_supervisor(store, record, on_update)
 
 

@@ -117,6 +117,10 @@ def handle(op: str, args: dict[str, Any]) -> Any:
         file = args.get("file")
         return start(args["argv"], args["log_path"], args.get("env"),
                      tuple(file) if file else None)  # fmt: skip
+    if op == "checkpoints":  # a job's checkpoints, verified by this Python's TensorFlow
+        from worker import checkpoints
+
+        return checkpoints.checkpoints([str(r) for r in args["roots"]], bool(args["verify"]))
     if op in ("listen", "unlisten", "connect", "route"):  # imported when asked, not at start
         from worker import netcheck
 

@@ -21,9 +21,9 @@ SPEC_VERSION = 5
 # are named by pid and identity (start returns both; alive, observe and stop check it), stop_job.
 # 6: listen, unlisten, connect, route (`orchestrate check`); probe's `gpu` (GPU hosts).
 # 7: observe became watch (a long poll: known state in, status keys out).
-# 8: the spec gained sample_resources and launched_at; statuses carry resources.
-# 9: launched_at became since_launch (no clock compared across hosts).
-HOST_PROTOCOL = 9
+# 8: the spec gained sample_resources and launched_at; statuses carry resources. 9:
+# launched_at became since_launch (no clock compared across hosts). 10: checkpoints.
+HOST_PROTOCOL = 10
 _D = TypeVar("_D")
 _E = TypeVar("_E", bound=StrEnum)
 

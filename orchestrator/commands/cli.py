@@ -212,14 +212,22 @@ def resume(
     if as_json and not detach:
         raise UsageError("--json goes with --detach (status --json follows a job)")
     if not detach:
-        store, job, cfg = api.reopen(job_ref)  # refuses a cluster.toml changed since the launch
+        store, job, cfg, said = api.reopen(job_ref)  # refuses a cluster.toml changed since
+        echo(said)
         _supervise(store, job, lambda: cfg, verbose, plain=plain)
         return
     with errors_as_json(as_json), detach_progress(Store(), plain or as_json) as panel:
         job, pid = api.resume(job_ref, panel.update if panel else _ignore)
     state = job.state.value
-    echo(dumps(job_state(job.id, state, attempt=job.attempt, supervisor_pid=pid))
-         if as_json else f"job {job.id} {state} (supervisor pid {pid})")  # fmt: skip
+    said = next(
+        (e.message for e in reversed(Store().events(job.id)) if e.kind == "resume_from"), ""
+    )
+    if as_json:
+        echo(dumps(job_state(job.id, state, attempt=job.attempt, supervisor_pid=pid,
+                             resumed_from=said)))  # fmt: skip
+        return
+    echo(said)
+    echo(f"job {job.id} {state} (supervisor pid {pid})")
 
 
 @app.command(hidden=True)

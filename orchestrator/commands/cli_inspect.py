@@ -179,15 +179,33 @@ def schema() -> None:
 
 
 @app.command()
+def checkpoints(job_ref: JobArg, as_json: JsonOpt = False) -> None:
+    """Every checkpoint a job wrote (its directory on the shared filesystem and its working
+    directory): path, epoch and step where known, age, size, and whether it is whole (read by
+    TensorFlow on the job's first host, without building the model)."""
+    from orchestrator.supervision.checkpoints import find_checkpoints, render
+
+    with errors_as_json(as_json):
+        job = Store().get_job(job_ref)
+        found = find_checkpoints(job)
+    if as_json:
+        echo(dumps({"job": job.id, "checkpoints": [c.to_dict() for c in found]}))
+        return
+    echo(render(job.id, found))
+
+
+@app.command()
 def collect(
     job_ref: JobArg,
     dest: Annotated[
         Path | None, typer.Option("--dest", help="Where to put them (default: ./JOB_ID).")
     ] = None,
 ) -> None:
-    """Copy a job's per-task logs, final model and metrics to this machine."""
+    """Copy a job's per-task logs, final model, metrics and newest verified checkpoint to
+    this machine."""
     from orchestrator.backends import open_backend
-    from orchestrator.supervision.collect import check_destination, collect_job
+    from orchestrator.supervision.checkpoints import find_checkpoints, newest_verified
+    from orchestrator.supervision.collect import check_destination, collect_checkpoint, collect_job
 
     store = Store()
     job = store.get_job(job_ref)
@@ -197,9 +215,18 @@ def collect(
     backend = open_backend(cfg)
     try:
         count = collect_job(backend, job.job_dir, target)
+        found = find_checkpoints(job, backend=backend)
+        newest = newest_verified(found)
+        if newest is not None:
+            count += collect_checkpoint(backend, newest.prefix, target)
     finally:
         backend.close()
     echo(f"collected {count} file(s) of job {job.id} into {target}")
+    if newest is not None:
+        echo(f"  with its newest verified checkpoint {newest.prefix}")
+    for c in found:
+        if c.ok is False:
+            echo(f"  not collected: {c.prefix}: {c.problem}")
 
 
 @app.command()

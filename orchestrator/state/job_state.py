@@ -127,14 +127,7 @@ def reopen_for_resume(store: Store, job: JobRecord) -> JobRecord:
     """Make a failed or stopped job PENDING again for its next attempt (same id, same shared
     directory, so its checkpoints), with a fresh restart budget. Refused, in one line, for a
     job still running, one that succeeded, or one whose stop was never confirmed."""
-    if not job.state.is_terminal():
-        raise UsageError(f"job {job.id} is {job.state.value}: only a failed or stopped job resumes")
-    if job.state not in RESUMABLE:
-        raise UsageError(f"job {job.id} already {job.state.value}: nothing to resume")
-    if needs_stop(store, job):
-        raise UsageError(
-            f"job {job.id}: its stop was never confirmed: run `orchestrate stop {job.id}` first"
-        )
+    refuse_resume(store, job)
     JobStateMachine(store, job.id).reopen(
         attempt=job.attempt + 1,
         budget_base=job.restarts - job.preemptions,
@@ -147,3 +140,15 @@ def reopen_for_resume(store: Store, job: JobRecord) -> JobRecord:
         job.id, "resumed", f"resumed after {job.state.value}: attempt {job.attempt + 1}"
     )
     return store.get_job(job.id)
+
+
+def refuse_resume(store: Store, job: JobRecord) -> None:
+    """UsageError (one line) unless the job may be resumed now."""
+    if not job.state.is_terminal():
+        raise UsageError(f"job {job.id} is {job.state.value}: only a failed or stopped job resumes")
+    if job.state not in RESUMABLE:
+        raise UsageError(f"job {job.id} already {job.state.value}: nothing to resume")
+    if needs_stop(store, job):
+        raise UsageError(
+            f"job {job.id}: its stop was never confirmed: run `orchestrate stop {job.id}` first"
+        )

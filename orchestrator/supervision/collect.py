@@ -4,6 +4,7 @@ from the shared directory to this machine."""
 from __future__ import annotations
 
 import os
+import posixpath
 from pathlib import Path
 
 from orchestrator.backends import Backend
@@ -23,6 +24,12 @@ def collect_job(backend: Backend, job_root: object, dest: Path) -> int:
         (dest / "metrics.json").write_bytes(metrics)
         count += 1
     return count
+
+
+def collect_checkpoint(backend: Backend, prefix: str, dest: Path) -> int:
+    """The directory holding a checkpoint (its index, its data shards, its `checkpoint` file:
+    what TensorFlow restores from), into dest/checkpoint/; how many files were copied."""
+    return backend.transport(0).get_tree(posixpath.dirname(prefix), dest / "checkpoint")
 
 
 def check_destination(target: Path) -> None:
