@@ -5,7 +5,7 @@ PreflightError, ...), and ORCHESTRATE_HOME chooses the state directory for both.
 
     from orchestrator.api import launch
     job = launch("cluster.toml")          # returns once its tasks run
-    print(job.id, job.wait(timeout=600))  # "succeeded", "failed" or "stopped"
+    print(job.id, job.wait(timeout=600))  # "succeeded", else JobFailed (.state, .cause)
 """
 
 from __future__ import annotations
@@ -13,11 +13,12 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.errors import JobFailed
 from orchestrator.logs.log_query import LogQuery, LogRecord, log_batches
 from orchestrator.state.store import JobRecord, Store
 from orchestrator.supervision.job_document import status_documents
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
     from orchestrator.config import ClusterConfig
     from orchestrator.config.overrides import Overrides
 
-__all__ = ["Job", "LogRecord", "jobs", "launch", "validate"]
+__all__ = ["Job", "JobFailed", "LogRecord", "jobs", "launch", "validate"]
 
 
 @dataclass(frozen=True)
@@ -45,9 +46,18 @@ class Job:
         return Store().get_job(self.id).state.value
 
     def wait(self, timeout: float | None = None, interval: float = 0.5) -> str:
-        """Wait for the job to end; its final state (`succeeded`, `failed` or `stopped`).
-        TimeoutError past `timeout` seconds: the job goes on. ValueError for a timeout or an
-        interval that is not a number of seconds (NaN, negative, infinite interval)."""
+        """Wait for the job to end: `succeeded`, or JobFailed (its `.state`, `failed` or
+        `stopped`, and its `.cause`). TimeoutError past `timeout` seconds: the job goes on.
+        ValueError for a timeout or an interval that is not a number of seconds (NaN,
+        negative, infinite interval)."""
+        state = self.wait_for_end(timeout, interval)
+        if state != "succeeded":
+            raise JobFailed(self.id, state, Store().get_job(self.id).last_cause)
+        return state
+
+    def wait_for_end(self, timeout: float | None = None, interval: float = 0.5) -> str:
+        """Wait for the job to end; its final state (`succeeded`, `failed` or `stopped`), as
+        `wait` without the error."""
         if timeout is not None and not (isinstance(timeout, int | float) and timeout >= 0):
             raise ValueError(f"timeout must be None or seconds >= 0, not {timeout!r}")
         if not (isinstance(interval, int | float) and 0 < interval < math.inf):
@@ -74,9 +84,36 @@ class Job:
         logs`, with the same choices). The copies are read in bounded batches (`tail`: from
         their end), so only the lines returned are held; a line over 64 KiB is cut there (its
         text ends `[... line cut at 64 KiB]`)."""
+        return list(self._lines(LogQuery(task=task, since=since, grep=grep, tail=tail,
+                                          attempt=attempt)))  # fmt: skip
+
+    def follow(
+        self, task: str | None = None, grep: str | None = None, tail: int | None = None
+    ) -> Iterator[LogRecord]:
+        """The lines as they arrive (`orchestrate logs --follow`), until the job ends."""
+        return self._lines(LogQuery(task=task, follow=True, grep=grep, tail=tail))
+
+    def _lines(self, query: LogQuery) -> Iterator[LogRecord]:
         store = Store()
-        query = LogQuery(task=task, since=since, grep=grep, tail=tail, attempt=attempt)
-        return [r for batch in log_batches(store, store.get_job(self.id), query) for r in batch]
+        for batch in log_batches(store, store.get_job(self.id), query):
+            yield from batch
+
+    def report(self) -> dict[str, Any]:
+        """The run report (`orchestrate report JOB --json`): wall time, restarts and causes,
+        per-task steps/s, final metrics; its charts are written beside it."""
+        from orchestrator.commands.report import write_report
+        from orchestrator.state.paths import job_home, report_json
+
+        store = Store()
+        write_report(store, store.get_job(self.id), job_home(self.id))
+        return json.loads(report_json(self.id).read_text())
+
+    def collect(self, dest: str | Path | None = None) -> Path:
+        """Copy the job's logs, model, metrics and newest verified checkpoint here (`orchestrate
+        collect`); where they are (default: ./JOB_ID)."""
+        from orchestrator.commands.collecting import collect_here
+
+        return collect_here(Store().get_job(self.id), Path(dest) if dest else None)[0]
 
     def stop(self) -> str:
         """Stop every task on every host; the job's state after (`stopped`). A host that cannot
@@ -125,7 +162,7 @@ def launch(
     )
     job, _ = launch_detached(config_path, force, overrides=given)
     if not detach:
-        job.wait()
+        job.wait_for_end()
     return job
 
 
@@ -135,9 +172,13 @@ def _toml_value(value: Any) -> str:
     return json.dumps(str(value) if isinstance(value, Path) else value)
 
 
-def jobs(limit: int = 10) -> list[Job]:
-    """The most recent jobs, newest first."""
-    return [Job(record.id) for record in Store().list_jobs(limit)]
+def jobs(limit: int = 10, name: str | None = None, state: str | None = None) -> list[Job]:
+    """The most recent jobs, newest first; only those of this `name` and in this `state` when
+    given (`running`, `failed`, ...)."""
+    records = Store().list_jobs(limit if name is None and state is None else 1 << 30)
+    chosen = [r for r in records if (name is None or r.name == name)
+              and (state is None or r.state.value == state)]  # fmt: skip
+    return [Job(record.id) for record in chosen[:limit]]
 
 
 # --- what the command line shares with the functions above ------------------------------

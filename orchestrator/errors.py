@@ -63,6 +63,16 @@ class JobStoppedError(OrchestrateError):
     exit_code = 4
 
 
+class JobFailed(JobFailedError):
+    """A job waited for ended without success (`api.Job.wait`): its `state` (`failed` or
+    `stopped`) and its `cause`; the exit code `wait` gives it."""
+
+    def __init__(self, job_id: str, state: str, cause: str) -> None:
+        super().__init__(f"job {job_id} {state}" + (f": {cause}" if cause else ""))
+        self.job_id, self.state, self.cause = job_id, state, cause
+        self.exit_code = JobStoppedError.exit_code if state == "stopped" else 1
+
+
 class WaitTimedOut(OrchestrateError):
     """`wait --timeout` passed; the job goes on."""
 

@@ -18,7 +18,7 @@ from tests.conftest import CliResult, fake_job, status_json
 SWEEP = """
 import json, sys
 from pathlib import Path
-from orchestrator.api import Job, jobs, launch, validate
+from orchestrator.api import Job, JobFailed, jobs, launch, validate
 from orchestrator.errors import ConfigError, JobNotFoundError, OrchestrateError
 
 root = Path(sys.argv[1])
@@ -27,13 +27,21 @@ for n, mode in enumerate(["count:3", "fail:3", "count:5"]):
     path = root / f"sweep-{n}.toml"
     path.write_text((root / "base.toml").read_text().replace("MODE", mode))
     assert validate(path)["tasks"] == 2
-    job = launch(path)  # back once its tasks run
-    state = job.wait(timeout=120)
+    job = launch(path, name=f"sweep-{n % 2}")  # back once its tasks run
+    followed = [r.text for r in job.follow(task="1", grep="^line ")]  # until it ends
+    try:
+        state, cause = job.wait(timeout=120), None
+    except JobFailed as exc:
+        state, cause = exc.state, exc.cause
     status = job.status()
-    out["runs"].append({"id": job.id, "state": state, "status": status,
-                        "logs": [r.text for r in job.logs()],
-                        "numbered": [r.text for r in job.logs(task="1", grep="^line ")]})
+    out["runs"].append({"id": job.id, "state": state, "cause": cause, "status": status,
+                        "logs": [r.text for r in job.logs()], "followed": followed,
+                        "numbered": [r.text for r in job.logs(task="1", grep="^line ")],
+                        "report": job.report()["state"]})
 out["listed"] = [j.id for j in jobs()]
+out["by_name"] = [j.id for j in jobs(name="sweep-0")]
+out["failed"] = [j.id for j in jobs(state="failed")]
+out["collected"] = sorted(p.name for p in job.collect(root / "here").iterdir())
 
 slow = root / "slow.toml"
 slow.write_text((root / "base.toml").read_text().replace("MODE", "sleep"))
@@ -43,7 +51,10 @@ out["stopped"] = job.stop()
 out["resumed"] = job.resume().state
 out["attempt"] = job.status()["attempt"]
 out["stopped_again"] = job.stop()
-out["final"] = job.wait(timeout=60)
+try:
+    job.wait(timeout=60)
+except JobFailed as exc:
+    out["final"] = (exc.state, exc.exit_code)
 
 bad = root / "bad.toml"
 bad.write_text((root / "base.toml").read_text().replace("workers = 2", "workers = 0\\nbogus = 1"))
@@ -77,6 +88,14 @@ def test_a_sweep_of_three_jobs_driven_from_python_agrees_with_the_cli(
     out = json.loads(proc.stdout)
     runs = out["runs"]
     assert [r["state"] for r in runs] == ["succeeded", "failed", "succeeded"]
+    assert (
+        runs[1]["cause"] == runs[1]["status"]["last_cause"]
+        and "exited with code 3" in runs[1]["cause"]
+    )
+    assert runs[0]["followed"] == runs[0]["numbered"] and runs[2]["followed"] == runs[2]["numbered"]
+    assert [r["report"] for r in runs] == [r["state"] for r in runs]
+    assert out["by_name"] == [runs[2]["id"], runs[0]["id"]] and out["failed"] == [runs[1]["id"]]
+    assert "logs" in out["collected"] and "metrics.json" not in out["collected"]
     # The same job as the CLI sees it, in the same state directory.
     for run in runs:
         cli_view = status_json(cli, run["id"])["jobs"][0]
@@ -93,7 +112,8 @@ def test_a_sweep_of_three_jobs_driven_from_python_agrees_with_the_cli(
     assert runs[1]["status"]["last_cause"].startswith("worker-")
     assert out["listed"][:3] == [r["id"] for r in reversed(runs)]  # newest first
     assert (out["running"], out["stopped"], out["resumed"]) == ("running", "stopped", "running")
-    assert out["attempt"] == 1 and out["stopped_again"] == "stopped" and out["final"] == "stopped"
+    assert out["attempt"] == 1 and out["stopped_again"] == "stopped"
+    assert out["final"] == ["stopped", 4]
     bad = tmp_path / "bad.toml"
     refused = cli("validate", str(bad))
     assert out["config_error"].splitlines() == [

@@ -17,7 +17,6 @@ from orchestrator.commands.console import watch_text
 from orchestrator.commands.json_views import dumps
 from orchestrator.commands.views import render_report, status_text
 from orchestrator.errors import ENDED_EXIT_CODES
-from orchestrator.state.job_records import stored_config
 from orchestrator.state.paths import job_home, report_json
 from orchestrator.state.store import Store
 
@@ -73,7 +72,7 @@ def wait(
             raise UsageError(f"--timeout: must be seconds >= 0 (got {timeout:g})")
         job_id = Store().get_job(job_ref).id
         try:
-            state = Job(job_id).wait(timeout)
+            state = Job(job_id).wait_for_end(timeout)
         except TimeoutError as exc:
             raise WaitTimedOut(str(exc)) from None
     job = Store().get_job(job_id)
@@ -203,30 +202,15 @@ def collect(
 ) -> None:
     """Copy a job's per-task logs, final model, metrics and newest verified checkpoint to
     this machine."""
-    from orchestrator.backends import open_backend
-    from orchestrator.supervision.checkpoints import find_checkpoints, newest_verified
-    from orchestrator.supervision.collect import check_destination, collect_checkpoint, collect_job
+    from orchestrator.commands.collecting import collect_here
 
-    store = Store()
-    job = store.get_job(job_ref)
-    cfg = stored_config(job)
-    target = dest or Path(job.id)
-    check_destination(target)
-    backend = open_backend(cfg)
-    try:
-        count = collect_job(backend, job.job_dir, target)
-        found = find_checkpoints(job, backend=backend)
-        newest = newest_verified(found)
-        if newest is not None:
-            count += collect_checkpoint(backend, newest.prefix, target)
-    finally:
-        backend.close()
+    job = Store().get_job(job_ref)
+    target, count, newest, rejected = collect_here(job, dest)
     echo(f"collected {count} file(s) of job {job.id} into {target}")
     if newest is not None:
         echo(f"  with its newest verified checkpoint {newest.prefix}")
-    for c in found:
-        if c.ok is False:
-            echo(f"  not collected: {c.prefix}: {c.problem}")
+    for c in rejected:
+        echo(f"  not collected: {c.prefix}: {c.problem}")
 
 
 @app.command()
