@@ -274,13 +274,13 @@ def test_any_exception_in_a_hook_is_a_failure_and_the_thread_lives_on(
     server = raw_server(_send(OK))
     calls: list[str] = []
 
-    def post(url: str, body: bytes, timeout: float) -> str:
+    def post(url: str, body: bytes, timeout: float, headers: dict[str, str]) -> object:
         calls.append(url)
         if len(calls) == 1:
             raise RuntimeError("nobody foresaw this")
         from orchestrator.supervision.notify_http import post as real
 
-        return real(url, body, timeout)
+        return real(url, body, timeout, headers)
 
     monkeypatch.setattr(notify, "post", post)
     (tmp_path / "again").mkdir()
@@ -313,8 +313,45 @@ def test_a_redirect_is_a_failure_and_never_followed(
     server = raw_server(_send(redirect), _send(OK))
     notifier, store = _notifier(tmp_path, webhook=server.url)
     problems = _deliver(notifier, store, "failed", "succeeded")
-    assert problems == ["notify webhook: HTTP 302 (redirects are not followed) after 1 tries"]
+    assert problems == ["notify webhook: HTTP 302 (redirects are not followed) (not tried again)"]
     assert server.methods() == ["POST", "POST"]  # no GET of the Location
+
+
+def test_a_slack_webhook_gets_text_and_headers_from_the_environment_and_is_retried_as_asked(
+    tmp_path: Path, raw_server: Callable[..., RawServer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`format = "slack"` posts {"text": ...}; a header's value comes from the environment; a
+    429 is tried again after its Retry-After, a 403 is not tried again."""
+    paused: list[float] = []
+    monkeypatch.setattr(notify, "pause", paused.append)
+    monkeypatch.setenv("HOOK_AUTH", "Bearer t0ken-in-the-environment")
+    server = raw_server(
+        _send(b"HTTP/1.1 429 Too Many Requests\r\nRetry-After: 7\r\n\r\n"),
+        _send(OK),
+        _send(b"HTTP/1.1 403 Forbidden\r\n\r\n"),
+    )
+    notifier, store = _notifier(
+        tmp_path, webhook=server.url, format="slack", headers={"Authorization": "HOOK_AUTH"}
+    )
+    problems = _deliver(notifier, store, "failed", "succeeded")
+    assert paused == [7.0]  # the server's Retry-After, not the backoff's 1 s
+    assert problems == ["notify webhook: HTTP 403 (not tried again)"]
+    assert len(server.requests) == 3
+    first = server.requests[0]
+    assert b"\r\nAuthorization: Bearer t0ken-in-the-environment\r\n" in first
+    assert json.loads(first.split(b"\r\n\r\n", 1)[1]) == {
+        "text": "orchestrate: job job-1 failed: failed: test"
+    }
+    assert not any(b"t0ken" in p.read_bytes() for p in tmp_path.glob("state.db*"))
+    monkeypatch.delenv("HOOK_AUTH")
+    (tmp_path / "unset").mkdir()
+    notifier, store = _notifier(
+        tmp_path / "unset", webhook=server.url, headers={"Authorization": "HOOK_AUTH"}
+    )
+    assert _deliver(notifier, store, "failed") == [
+        "notify webhook: environment variable HOOK_AUTH is not set (headers)"
+    ]
+    assert len(server.requests) == 3  # nothing sent without its header
 
 
 def test_a_post_sends_the_urls_credentials_and_goes_through_a_proxy(
@@ -324,7 +361,7 @@ def test_a_post_sends_the_urls_credentials_and_goes_through_a_proxy(
 
     server = raw_server(_send(OK))
     url = server.url.replace("http://", "http://hook%20user:p%40ss@")
-    assert post(url, b'{"a": 1}', 10.0) == ""
+    assert post(url, b'{"a": 1}', 10.0).problem == ""
     [request] = server.requests
     assert request.startswith(b"POST /hook HTTP/1.1\r\n") and request.endswith(b'\r\n{"a": 1}')
     credentials = base64.b64encode(b"hook user:p@ss")
@@ -334,8 +371,10 @@ def test_a_post_sends_the_urls_credentials_and_goes_through_a_proxy(
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("http_proxy", proxy.url.removesuffix("/hook"))
     monkeypatch.setenv("https_proxy", proxy.url.removesuffix("/hook"))
-    assert post("http://hooks.invalid:81/x?y", b"{}", 10.0) == ""
-    assert post("https://hooks.invalid/x", b"{}", 10.0) == ("proxy refused the tunnel: HTTP 403")
+    assert post("http://hooks.invalid:81/x?y", b"{}", 10.0).problem == ""
+    assert (
+        post("https://hooks.invalid/x", b"{}", 10.0).problem == "proxy refused the tunnel: HTTP 403"
+    )
     assert proxy.requests[0].startswith(b"POST http://hooks.invalid:81/x?y HTTP/1.1\r\n")
     assert b"\r\nHost: hooks.invalid:81\r\n" in proxy.requests[0]
     assert proxy.requests[1].startswith(b"CONNECT hooks.invalid:443 HTTP/1.1\r\n")

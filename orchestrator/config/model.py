@@ -28,6 +28,9 @@ from orchestrator.config.values import (
 # Paths come from TOML as strings.
 ConfigPath = Annotated[Path, Strict(False), AfterValidator(_check_path)]
 Seconds = Annotated[float, Field(le=MAX_SECONDS)]
+# An HTTP header's name (a token: no space, no colon), and an environment variable's name.
+HeaderName = Annotated[str, Field(pattern=r"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,64}$")]
+EnvName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")]
 
 PER_GPU = "per_gpu"
 MAX_TASKS_PER_HOST = 64
@@ -345,6 +348,12 @@ class NotifySection(ConfigModel):
     events: list[NotifyEvent] = list(NOTIFY_EVENTS)
     command: Argv | None = None  # a program path holding a "/": from cluster.toml's directory
     webhook: Annotated[str, AfterValidator(check_url)] | None = None
+    # The webhook's body: "json" (the event and the job's status) or "slack" ({"text": ...}:
+    # Slack's, Mattermost's incoming webhooks).
+    format: Literal["json", "slack"] = "json"
+    # Extra headers, each read from the named environment variable of the coordinator, e.g.
+    # { Authorization = "HOOK_AUTH" }: a token is never written here.
+    headers: dict[HeaderName, EnvName] = {}
     timeout: Annotated[Seconds, Field(gt=0)] = 10.0  # per try of a command or a POST
 
 

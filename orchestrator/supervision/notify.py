@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 WEBHOOK_TRIES = 4  # a POST that fails is tried again after 1, 2, 4 s
 DRAIN_SECONDS = 30.0  # at the job's end, the longest the queue is waited for
 STDERR_KEPT = 4096  # of a command's stderr, the last bytes kept (for its failure's message)
+pause = time.sleep  # between a webhook's tries (its own name: a test records the pauses)
 
 
 @dataclass(frozen=True)
@@ -120,13 +121,43 @@ class Notifier:
         url = self.config.webhook
         if not url:
             return ""
-        problem = ""
-        for attempt in range(WEBHOOK_TRIES):
-            if attempt:
-                time.sleep(2 ** (attempt - 1))
-            if not (problem := post(url, body, self.config.timeout)):
+        headers, missing = webhook_headers(self.config.headers)
+        if missing:
+            return f"notify webhook: environment variable {missing} is not set (headers)"
+        if self.config.format == "slack":
+            body = slack_body(body)
+        delay = 1.0
+        for attempt in range(1, WEBHOOK_TRIES + 1):
+            answer = post(url, body, self.config.timeout, headers)
+            if not answer.problem:
                 return ""
-        return f"notify webhook: {problem} after {WEBHOOK_TRIES} tries"
+            if not answer.retry:
+                return f"notify webhook: {answer.problem} (not tried again)"
+            if attempt < WEBHOOK_TRIES:
+                pause(answer.retry_after if answer.retry_after is not None else delay)
+                delay *= 2
+        return f"notify webhook: {answer.problem} after {WEBHOOK_TRIES} tries"
+
+
+def webhook_headers(names: dict[str, str]) -> tuple[dict[str, str], str | None]:
+    """The webhook's extra headers, each value read from the environment variable the config
+    names (so that a token is never written in cluster.toml or the store); the first variable
+    that is not set, if any."""
+    headers = {}
+    for header, variable in names.items():
+        value = os.environ.get(variable)
+        if value is None:
+            return {}, variable
+        headers[header] = value
+    return headers, None
+
+
+def slack_body(body: bytes) -> bytes:
+    """The event as a Slack (or Mattermost, Teams, Discord-compatible) incoming webhook wants
+    it: one line of text."""
+    event = json.loads(body)
+    text = f"orchestrate: job {event['job']} {event['event']}: {event['message']}"
+    return json.dumps({"text": text}).encode()
 
 
 @dataclass(frozen=True)

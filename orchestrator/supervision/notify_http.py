@@ -16,6 +16,7 @@ import threading
 import time
 import urllib.parse
 import urllib.request
+from dataclasses import dataclass
 from typing import Any, cast
 
 from orchestrator.config.values import oneline
@@ -23,29 +24,53 @@ from orchestrator.config.values import oneline
 Address = tuple[socket.AddressFamily, socket.SocketKind, int, str, tuple[Any, ...]]
 
 
-def post(url: str, body: bytes, timeout: float) -> str:
-    """POST body as JSON; "" once answered 2xx, else what went wrong (never raises)."""
+RETRY_AFTER_LIMIT = 60.0  # seconds: a longer Retry-After is waited for this long at most
+
+
+@dataclass(frozen=True)
+class Answer:
+    """How a POST went: `problem` is "" once answered 2xx, else what went wrong."""
+
+    problem: str
+    retry: bool = True  # worth another try (not a 4xx but 408 and 429)
+    retry_after: float | None = None  # seconds the server asked for (Retry-After)
+
+
+def post(url: str, body: bytes, timeout: float, headers: dict[str, str] | None = None) -> Answer:
+    """POST body as JSON, with these extra headers; never raises."""
     deadline = time.monotonic() + timeout
     try:
-        status = _post(urllib.parse.urlsplit(url), body, deadline)
+        status, retry_after = _post(urllib.parse.urlsplit(url), body, deadline, headers or {})
     except TimeoutError:
-        return f"no answer within {timeout:g}s"
+        return Answer(f"no answer within {timeout:g}s")
     except http.client.BadStatusLine as exc:
-        return f"not an HTTP answer: {oneline(exc)[:80]}"
+        return Answer(f"not an HTTP answer: {oneline(exc)[:80]}")
     except Exception as exc:  # any failure to deliver is reported, never raised
-        return oneline(exc)[:200] or type(exc).__name__
+        return Answer(oneline(exc)[:200] or type(exc).__name__)
     if 200 <= status < 300:
-        return ""
+        return Answer("")
     if 300 <= status < 400:
-        return f"HTTP {status} (redirects are not followed)"
-    return f"HTTP {status}"
+        return Answer(f"HTTP {status} (redirects are not followed)", retry=False)
+    # A request the server refuses stays refused (a bad token, a bad body): not retried.
+    retry = not (400 <= status < 500) or status in (408, 429)
+    return Answer(f"HTTP {status}", retry, _seconds(retry_after))
 
 
-def _post(target: urllib.parse.SplitResult, body: bytes, deadline: float) -> int:
+def _seconds(retry_after: str | None) -> float | None:
+    """Retry-After in seconds (a number; an HTTP date is not read: no clock is trusted)."""
+    try:
+        return min(max(float(retry_after), 0.0), RETRY_AFTER_LIMIT) if retry_after else None
+    except ValueError:
+        return None
+
+
+def _post(
+    target: urllib.parse.SplitResult, body: bytes, deadline: float, extra: dict[str, str]
+) -> tuple[int, str | None]:
     host, https = target.hostname or "", target.scheme == "https"
     port = target.port or (443 if https else 80)
     where = target.netloc.rpartition("@")[2]  # host[:port] as the URL writes it
-    headers = {"Host": where, "Content-Type": "application/json", "Connection": "close"}
+    headers = {**extra, "Host": where, "Content-Type": "application/json", "Connection": "close"}
     if target.username is not None:  # user:password@ in the URL: HTTP basic authentication
         headers["Authorization"] = _basic(target.username, target.password)
     path = (target.path or "/") + (f"?{target.query}" if target.query else "")
@@ -72,7 +97,8 @@ def _post(target: urllib.parse.SplitResult, body: bytes, deadline: float) -> int
         conn = http.client.HTTPConnection(host, port)
         conn.sock = cast(socket.socket, wire)
         conn.request("POST", path, body=body, headers=headers)
-        return conn.getresponse().status
+        answer = conn.getresponse()
+        return answer.status, answer.getheader("Retry-After")
     finally:
         wire.sock.close()
 
