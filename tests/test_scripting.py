@@ -180,3 +180,45 @@ def test_delete_and_prune_remove_ended_jobs_only_and_their_files_when_asked(
 
 def job_ids(cli: Callable[..., CliResult]) -> set[str]:
     return {j["id"] for j in status_json(cli)["jobs"]}
+
+
+# Every command, with its bad input: one line on stderr, exit 2 (the README's table), and
+# under --json one document on stdout with its schema_version.
+BAD_INPUT = [
+    (["validate", "MISSING"], "no such file"),
+    (["check", "MISSING"], "no such file"),
+    (["launch", "MISSING"], "no such file"),
+    (["launch", "--dry-run", "MISSING"], "no such file"),
+    (["resume", "no-such-job"], "no job"),
+    (["attach", "no-such-job"], "no job"),
+    (["stop", "no-such-job"], "no job"),
+    (["delete", "no-such-job"], "no job"),
+    (["prune", "--older-than", "-1d"], "--older-than '-1d'"),
+    (["status", "no-such-job"], "no job"),
+    (["wait", "no-such-job"], "no job"),
+    (["logs", "no-such-job"], "no job"),
+    (["report", "no-such-job"], "no job"),
+    (["tensorboard", "no-such-job"], "no job"),
+    (["checkpoints", "no-such-job"], "no job"),
+    (["collect", "no-such-job"], "no job"),
+    (["standbys", "MISSING"], "no such file"),
+]
+JSON_COMMANDS = {"validate", "check", "stop", "delete", "prune", "status", "wait", "report",
+                 "tensorboard", "checkpoints", "collect", "standbys"}  # fmt: skip
+
+
+@pytest.mark.parametrize(("args", "said"), BAD_INPUT, ids=[" ".join(a[:2]) for a, _ in BAD_INPUT])
+def test_every_command_s_bad_input_is_one_line_and_exit_2_and_one_json_document(
+    tmp_path: Path, cli: Callable[..., CliResult], args: list[str], said: str
+) -> None:
+    args = [str(tmp_path / "missing.toml") if a == "MISSING" else a for a in args]
+    result = cli(*args)
+    assert result.code == 2, result
+    [line] = result.err.strip().splitlines()
+    assert line.startswith("error: ") and said in line, line
+    if args[0] in JSON_COMMANDS:
+        as_json = cli(*args, "--json")
+        assert as_json.code == 2, as_json
+        document = json.loads(as_json.out)  # one document, nothing else
+        assert document["schema_version"] == 1 and document["ok"] is False
+        assert said in document["errors"][0]

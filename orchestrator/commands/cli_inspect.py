@@ -149,6 +149,9 @@ def tensorboard(
     job_ref: JobArg,
     port: Annotated[int, typer.Option(help="Port to serve on (0: a free one).")] = 0,
     host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Its URL as one JSON document, then serve.")
+    ] = False,
 ) -> None:
     """Serve TensorBoard on a job's log directory (every task logs to its own run)."""
     from orchestrator.commands.tensorboard_serve import (
@@ -158,11 +161,17 @@ def tensorboard(
         require_tensorboard,
     )
 
-    job = Store().get_job(job_ref)
-    require_tensorboard()
-    logdir = logdir_of(job)
-    port = port or free_port(host)
-    echo(f"TensorBoard for job {job.id}: http://{host}:{port}/  (logdir {logdir}; Ctrl-C stops)")
+    with errors_as_json(as_json):
+        job = Store().get_job(job_ref)
+        require_tensorboard()
+        logdir = logdir_of(job)
+        port = port or free_port(host)
+    url = f"http://{host}:{port}/"
+    if as_json:
+        echo(dumps({"job": job.id, "url": url, "logdir": str(logdir)}))
+    else:
+        echo(f"TensorBoard for job {job.id}: {url}  (logdir {logdir}; Ctrl-C stops)")
+    sys.stdout.flush()
     become_tensorboard(logdir, host, port)
 
 
@@ -199,13 +208,20 @@ def collect(
     dest: Annotated[
         Path | None, typer.Option("--dest", help="Where to put them (default: ./JOB_ID).")
     ] = None,
+    as_json: JsonOpt = False,
 ) -> None:
     """Copy a job's per-task logs, final model, metrics and newest verified checkpoint to
     this machine."""
     from orchestrator.commands.collecting import collect_here
 
-    job = Store().get_job(job_ref)
-    target, count, newest, rejected = collect_here(job, dest)
+    with errors_as_json(as_json):
+        job = Store().get_job(job_ref)
+        target, count, newest, rejected = collect_here(job, dest)
+    if as_json:
+        echo(dumps({"job": job.id, "dest": str(target), "files": count,
+                    "checkpoint": newest.prefix if newest else None,
+                    "not_collected": [c.to_dict() for c in rejected]}))  # fmt: skip
+        return
     echo(f"collected {count} file(s) of job {job.id} into {target}")
     if newest is not None:
         echo(f"  with its newest verified checkpoint {newest.prefix}")
