@@ -18,6 +18,7 @@ from typing import Any
 MAX_DEPTH = 8  # directories below a root that are searched
 MAX_FOUND = 500  # checkpoints reported at most (the newest)
 SKIPPED = {"__pycache__", "node_modules", "site-packages"}
+MAX_ENTRIES = 200_000  # files and directories looked at under one root, at most
 VERIFY_TIMEOUT = 600.0  # seconds for TensorFlow's import and every checkpoint's read
 SHARD = re.compile(r"\.data-(\d{5})-of-(\d{5})$")
 NUMBER = re.compile(r"-(\d+)$")
@@ -37,9 +38,13 @@ def find(roots: list[str]) -> list[dict[str, Any]]:
 
 
 def _prefixes(root: str) -> list[str]:
-    prefixes = []
+    prefixes: list[str] = []
     base_depth = root.rstrip("/").count("/")
+    seen = 0
     for directory, subdirs, files in os.walk(root, followlinks=False):
+        seen += len(files) + len(subdirs)
+        if seen > MAX_ENTRIES:  # a tree a trainer filled without end: what was found so far
+            break
         # Not a virtual environment's, a repository's or a cache's insides.
         subdirs[:] = [d for d in subdirs if not d.startswith(".") and d not in SKIPPED]
         if directory.count("/") - base_depth >= MAX_DEPTH:

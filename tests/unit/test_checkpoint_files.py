@@ -1,0 +1,33 @@
+"""What the host helper tells of checkpoint files without TensorFlow: prefixes found under a
+root (not in hidden directories), their size, number and the `checkpoint` file's latest, and
+a checkpoint missing a data shard refused before TensorFlow is asked."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from worker import checkpoints
+
+
+def test_prefixes_are_found_described_and_a_missing_shard_is_named(tmp_path: Path) -> None:
+    run = tmp_path / "run" / "ckpt"
+    run.mkdir(parents=True)
+    (run / "ckpt-3.index").write_bytes(b"i" * 10)
+    (run / "ckpt-3.data-00000-of-00002").write_bytes(b"d" * 100)
+    (run / "ckpt-3.data-00001-of-00002").write_bytes(b"d" * 50)
+    (run / "ckpt-4.index").write_bytes(b"i" * 10)
+    (run / "ckpt-4.data-00000-of-00002").write_bytes(b"d" * 100)  # its second shard is gone
+    (run / "checkpoint").write_text('model_checkpoint_path: "ckpt-4"\n')
+    hidden = tmp_path / "run" / ".venv" / "lib"
+    hidden.mkdir(parents=True)
+    (hidden / "other-1.index").write_bytes(b"x")
+
+    found = {Path(c["prefix"]).name: c for c in checkpoints.find([str(tmp_path / "run")])}
+    assert set(found) == {"ckpt-3", "ckpt-4"}
+    assert (found["ckpt-3"]["bytes"], found["ckpt-3"]["number"]) == (160, 3)
+    assert (found["ckpt-3"]["shards"], found["ckpt-3"]["shards_expected"]) == (2, 2)
+    assert found["ckpt-4"]["latest"] and not found["ckpt-3"]["latest"]
+
+    verdicts = checkpoints.verify([found["ckpt-4"]])  # TensorFlow is not asked for it
+    assert verdicts[str(run / "ckpt-4")]["ok"] is False
+    assert verdicts[str(run / "ckpt-4")]["problem"] == "incomplete: 1 of 2 data shard(s)"
