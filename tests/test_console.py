@@ -356,7 +356,7 @@ def test_plain_on_a_terminal_and_status_watch(
     wait_for(lambda: (m := clock.search(terminal.screen())) and m.group(1) != first.group(1), 10)
     assert terminal.screen().count("worker-0  local") == 1
     assert cli("stop", job).code == 0
-    wait_for(lambda: "EXIT=0" in terminal.screen(), 30)  # --watch ends with the job
+    wait_for(lambda: "EXIT=4" in terminal.screen(), 30)  # --watch ends with the job: stopped
     assert "stopped" in terminal.screen()
     wait_for_end(cli, job)
 
