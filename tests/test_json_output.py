@@ -24,6 +24,7 @@ def test_validate_json_says_ok_with_the_plan_or_lists_every_problem(
     good = cli("validate", "--json", str(_config(tmp_path)))
     assert good.code == 0, good
     assert json.loads(good.out) == {
+        "schema_version": 1,
         "ok": True, "summary": "2 task(s) on 1 host(s)", "config": str(tmp_path / "c.toml"),
         "job": "fake", "backend": "local",
         "tasks": 2, "hosts": 1, "tasks_counted_at_launch": False,
@@ -32,7 +33,7 @@ def test_validate_json_says_ok_with_the_plan_or_lists_every_problem(
     bad.write_text(_config(tmp_path).read_text().replace("workers = 2", "workers = 0\nbogus = 1"))
     refused = cli("validate", "--json", str(bad))
     assert refused.code == 2, refused
-    assert json.loads(refused.out) == {"ok": False, "errors": [
+    assert json.loads(refused.out) == {"schema_version": 1, "ok": False, "errors": [
         f"{bad}: backend.workers: must be >= 1 (got 0)", f"{bad}: backend.bogus: unknown key",
     ]}  # fmt: skip
     assert refused.err.count("\n") == 2  # the same problems, for a person
@@ -75,9 +76,19 @@ def test_detached_launch_stop_and_resume_answer_in_json(
     job = started["job"]
     stopped = cli("stop", "--json", job)
     assert stopped.code == 0, stopped
-    assert json.loads(stopped.out) == {"job": job, "state": "stopped", "already": False}
+    assert json.loads(stopped.out) == {
+        "schema_version": 1,
+        "job": job,
+        "state": "stopped",
+        "already": False,
+    }
     again = cli("stop", "--json", job)
-    assert json.loads(again.out) == {"job": job, "state": "stopped", "already": True}
+    assert json.loads(again.out) == {
+        "schema_version": 1,
+        "job": job,
+        "state": "stopped",
+        "already": True,
+    }
     resumed = cli("resume", "--detach", "--json", job)
     assert resumed.code == 0, resumed
     document = json.loads(resumed.out)
