@@ -5,7 +5,7 @@ end of each job.
     python -m scripts.chaos --backend local --faults 10 --seed 7 --json chaos.json
     sudo python -m scripts.chaos --backend ssh --faults 100     # the namespaced SSH hosts
     sudo python -m scripts.chaos --backend slurm --faults 50    # a real slurmctld/slurmd
-    python -m scripts.chaos --quick            # about 10 faults, the seed drawn from the date
+    python -m scripts.chaos --quick            # 8 faults, the seed drawn from the date
 
 Each job runs until it has met `--per-job` faults, then is stopped; a new job starts until
 `--faults` faults were injected. One line per fault; the last line is
@@ -59,7 +59,7 @@ def main() -> None:
     args = parser.parse_args()
     seed = args.seed if args.seed is not None else int(datetime.date.today().strftime("%Y%m%d"))
     if args.quick:
-        args.backend, args.faults, args.per_job, args.webhook = "local", 10, 5, True
+        args.backend, args.faults, args.per_job, args.webhook = "local", 8, 4, True
     rng = random.Random(seed)
     print(f"chaos: seed {seed}, {args.faults} faults on the {args.backend} backend", flush=True)
     faults: list[Fault] = []

@@ -227,7 +227,7 @@ def run_suite(quick: bool) -> list[Row]:
         print("P1/P7 SSH test bed ...", flush=True)
         ssh_rows(root, hosts, repeat if quick else 5, rows["P1"], rows["P7b"])
         print("P10/P11 losing a host on the SSH test bed ...", flush=True)
-        host_loss_rows(root, 1 if quick else 2, rows["P10"], rows["P11"])
+        host_loss_rows(root, 1 if quick else 2, rows["P10"], rows["P11"], quick)
         print("P12/P13 the Slurm test bed ...", flush=True)
         slurm_rows(root, 1 if quick else 3, rows["P12"], rows["P13"])
         print("P5/P14 restarts, cold and warm, each beside a cold start by hand ...", flush=True)
