@@ -313,7 +313,7 @@ def test_a_redirect_is_a_failure_and_never_followed(
     server = raw_server(_send(redirect), _send(OK))
     notifier, store = _notifier(tmp_path, webhook=server.url)
     problems = _deliver(notifier, store, "failed", "succeeded")
-    assert problems == ["notify webhook: HTTP 302 (redirects are not followed) (not tried again)"]
+    assert problems == ["notify webhook: HTTP 302 (redirects are not followed) after 1 tries"]
     assert server.methods() == ["POST", "POST"]  # no GET of the Location
 
 

@@ -50,7 +50,7 @@ def post(url: str, body: bytes, timeout: float, headers: dict[str, str] | None =
     if 200 <= status < 300:
         return Answer("")
     if 300 <= status < 400:
-        return Answer(f"HTTP {status} (redirects are not followed)", retry=False)
+        return Answer(f"HTTP {status} (redirects are not followed)")
     # A request the server refuses stays refused (a bad token, a bad body): not retried.
     retry = not (400 <= status < 500) or status in (408, 429)
     return Answer(f"HTTP {status}", retry, _seconds(retry_after))
