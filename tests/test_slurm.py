@@ -367,7 +367,7 @@ def test_each_task_of_a_step_trains_in_a_podman_image_and_leaves_no_container(
         assert f"the trainer runs in {tf_image} (podman: orchestrate-{job['id']}-{i}-0)" in log
     # Its restarts would be cold, and status says why: the keeper step is not in the image.
     why = "this backend's standbys run on the node's own Python, not in the image"
-    assert job["cold_restarts"] == why
+    assert status_json(cli, job["id"])["jobs"][0]["cold_restarts"] == why
     assert f"restarts are cold: {why}" in cli("status", job["id"]).out
     assert containers_of(job["id"]) == []
     no_leftovers(job["id"])

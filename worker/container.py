@@ -234,6 +234,8 @@ def warm_env(spec: WorkerSpec, env: dict[str, str]) -> dict[str, str]:
 # directory (its socket), so that its standbys import the image's TensorFlow. A warm trainer
 # lives in the keeper's container, which is renamed for the attempt it serves.
 WARM_RUNTIMES = ("podman", "docker")
+
+
 KEEPER_LABEL = "orchestrate.keeper"  # the keeper's container: the task's index
 
 

@@ -168,7 +168,7 @@ def render_status(views: list[dict[str, Any]], detailed: bool) -> None:
         _write(table(headers, rows))
         for note in v["host_notes"]:
             _write(f"  {note}")
-        if v["cold_restarts"]:
+        if v.get("cold_restarts"):
             _write(f"  restarts are cold: {v['cold_restarts']}")
 
 

@@ -11,8 +11,8 @@ from orchestrator.config import ClusterConfig
 from orchestrator.config.timing import Timing
 from orchestrator.planning.gpus import task_env
 from orchestrator.planning.plan import LaunchPlan, TaskPlan
-from worker.container import WARM_RUNTIMES
 from worker.spec import ENV_PROFILE_STEPS, ENV_STRATEGY, JobLayout, WorkerSpec
+from worker.warm.cold import cold_reason
 
 
 class HostAbilities(Protocol):
@@ -145,24 +145,10 @@ def warm_for(config: ClusterConfig, capabilities: HostAbilities) -> bool:
 
 
 def cold_restarts(config: ClusterConfig, capabilities: HostAbilities) -> str | None:
-    """Why the job's restarts are cold (a task's next attempt imports TensorFlow afresh), as
-    `status` says it; None: they may be warm. In an image, a standby needs its keeper in a
-    container of its own beside the trainer's (podman, Docker; worker.container)."""
+    """Why the job's restarts are cold; None: they may be warm (worker.container.cold_reason)."""
     runtime = config.container.runtime if config.container is not None else None
-    if not config.restart.warm_restart:
-        return "warm_restart = false"
-    if not config.entrypoint.instrument:
-        return "the entrypoint is not instrumented (instrument = false): no standby can run it"
-    if not capabilities.warm_restarts:
-        return "this backend keeps no standbys"
-    if runtime is not None and runtime not in WARM_RUNTIMES:
-        return (
-            f"{runtime} runs no long-lived container beside the trainer's to hold a standby "
-            "in the image (podman and Docker do)"
-        )
-    if runtime is not None and not capabilities.warm_in_image:
-        return "this backend's standbys run on the node's own Python, not in the image"
-    return None
+    return cold_reason(config.restart.warm_restart, config.entrypoint.instrument, runtime,
+                       capabilities.warm_restarts, capabilities.warm_in_image)  # fmt: skip
 
 
 def orphan_timeout(config: ClusterConfig, backend: SpecHosts) -> float:

@@ -4,6 +4,7 @@ of each task)."""
 
 from __future__ import annotations
 
+import json
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -12,6 +13,7 @@ from orchestrator.state.job_records import supervisor_alive
 from orchestrator.state.store import JobRecord, Store, TaskRecord
 from worker.container import container_name, job_runtime
 from worker.spec import StepSignal, remaining_steps
+from worker.warm.cold import cold_reason
 
 if TYPE_CHECKING:
     from orchestrator.backends import BackendPlugin
@@ -53,17 +55,24 @@ def _allocation(job: JobRecord) -> str | None:
 
 
 def _cold_restarts(job: JobRecord) -> str | None:
-    """Why the job's restarts are cold; None: they may be warm (or its plug-in is gone, or
-    its configuration is of another version)."""
-    from orchestrator.planning.task_specs import cold_restarts
-    from orchestrator.state.job_records import stored_config
-
+    """Why the job's restarts are cold; None: they may be warm (or its plug-in is gone). Read
+    from the stored configuration's JSON as it is: `status` builds no configuration."""
     plugin = _plugin(job.backend)
     try:
-        config = stored_config(job)
-    except ValueError:  # a record an older orchestrate wrote: nothing to say
+        stored = json.loads(job.config_json)
+    except ValueError:
         return None
-    return None if plugin is None else cold_restarts(config, plugin.capabilities)
+    if plugin is None or not isinstance(stored, dict):
+        return None
+    restart, entry = stored.get("restart") or {}, stored.get("entrypoint") or {}
+    container = stored.get("container") or {}
+    return cold_reason(
+        bool(restart.get("warm_restart", True)),
+        bool(entry.get("instrument", True)),
+        container.get("runtime") if container else None,
+        plugin.capabilities.warm_restarts,
+        plugin.capabilities.warm_in_image,
+    )
 
 
 def job_view(job: JobRecord, tasks: list[TaskRecord], now: float) -> dict[str, Any]:
@@ -79,8 +88,6 @@ def job_view(job: JobRecord, tasks: list[TaskRecord], now: float) -> dict[str, A
         "attempt": job.attempt,
         "restarts": job.restarts,
         "preemptions": job.preemptions,
-        # why a restart imports TensorFlow afresh; null: restarts may be warm
-        "cold_restarts": _cold_restarts(job),
         "last_cause": job.last_cause,
         "created": job.created,
         "ended": job.ended,
@@ -155,6 +162,9 @@ def status_documents(
     now = time.time()
     views = [job_view(j, tasks[j.id], now) for j in jobs]
     if with_events:
+        # One job asked for: why its restarts are cold (null: they may be warm). Not for a
+        # list of jobs: it reads the job's backend plug-in, an import `status` else avoids.
+        views[0]["cold_restarts"] = _cold_restarts(jobs[0])
         views[0]["events"] = [
             {"ts": e.ts, "kind": e.kind, "task": e.task, "message": e.message}
             for e in store.events(jobs[0].id)
