@@ -25,19 +25,20 @@ NUMBER = re.compile(r"-(\d+)$")
 LATEST = re.compile(r'^model_checkpoint_path:\s*"(.*)"\s*$', re.MULTILINE)
 
 
-def find(roots: list[str]) -> list[dict[str, Any]]:
-    """Every checkpoint under these directories, newest first."""
+def find(roots: list[str], own: str = "") -> list[dict[str, Any]]:
+    """Every checkpoint under these directories, newest first. `own`: the job's directory
+    on the shared filesystem: the other jobs' beside it (with their `tasks/`) are not its."""
     now = time.time()
     found: dict[str, dict[str, Any]] = {}
     for root in roots:
-        for prefix in _prefixes(root):
+        for prefix in _prefixes(root, own):
             if prefix not in found:
                 found[prefix] = _describe(prefix, now)
     newest = sorted(found.values(), key=lambda c: c["age_s"])
     return newest[:MAX_FOUND]
 
 
-def _prefixes(root: str) -> list[str]:
+def _prefixes(root: str, own: str = "") -> list[str]:
     prefixes: list[str] = []
     base_depth = root.rstrip("/").count("/")
     seen = 0
@@ -47,6 +48,9 @@ def _prefixes(root: str) -> list[str]:
             break
         # Not a virtual environment's, a repository's or a cache's insides.
         subdirs[:] = [d for d in subdirs if not d.startswith(".") and d not in SKIPPED]
+        if own and directory == os.path.dirname(own):  # the shared directory: other jobs'
+            subdirs[:] = [d for d in subdirs if os.path.join(directory, d) == own
+                          or not os.path.isdir(os.path.join(directory, d, "tasks"))]  # fmt: skip
         if directory.count("/") - base_depth >= MAX_DEPTH:
             subdirs.clear()
         prefixes += [os.path.join(directory, f[: -len(".index")]) for f in files
@@ -179,9 +183,9 @@ def _size(path: str) -> int:
         return 0
 
 
-def checkpoints(roots: list[str], check: bool) -> list[dict[str, Any]]:
+def checkpoints(roots: list[str], check: bool, own: str = "") -> list[dict[str, Any]]:
     """The host helper's `checkpoints` operation: found, and verified when asked."""
-    found = find([r for r in roots if os.path.isdir(r)])
+    found = find([r for r in roots if os.path.isdir(r)], own)
     if check and found:
         verdicts = verify(found)
         for c in found:

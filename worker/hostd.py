@@ -120,7 +120,9 @@ def handle(op: str, args: dict[str, Any]) -> Any:
     if op == "checkpoints":  # a job's checkpoints, verified by this Python's TensorFlow
         from worker import checkpoints
 
-        return checkpoints.checkpoints([str(r) for r in args["roots"]], bool(args["verify"]))
+        return checkpoints.checkpoints(
+            [str(r) for r in args["roots"]], bool(args["verify"]), str(args.get("own", ""))
+        )
     if op in ("listen", "unlisten", "connect", "route"):  # imported when asked, not at start
         from worker import netcheck
 

@@ -62,7 +62,9 @@ def find_checkpoints(
     backend = backend or open_backend(config)
     try:
         found = backend.transport(0).worker_call(
-            "checkpoints", {"roots": roots(job, config), "verify": verify}, timeout=CALL_TIMEOUT
+            "checkpoints",
+            {"roots": roots(job, config), "verify": verify, "own": job.job_dir},
+            timeout=CALL_TIMEOUT,
         )
     finally:
         if own:

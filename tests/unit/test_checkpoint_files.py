@@ -31,3 +31,20 @@ def test_prefixes_are_found_described_and_a_missing_shard_is_named(tmp_path: Pat
     verdicts = checkpoints.verify([found["ckpt-4"]])  # TensorFlow is not asked for it
     assert verdicts[str(run / "ckpt-4")]["ok"] is False
     assert verdicts[str(run / "ckpt-4")]["problem"] == "incomplete: 1 of 2 data shard(s)"
+
+
+def test_the_other_jobs_directories_beside_a_job_s_own_are_not_its(tmp_path: Path) -> None:
+    """A working directory that holds the shared directory: another job's backup there is
+    not this job's; a user's own directory beside the jobs' is."""
+    shared = tmp_path / "shared"
+    for name in ("job-a/checkpoints/backup/chief", "job-b/checkpoints/backup/chief", "mine"):
+        (shared / name).mkdir(parents=True)
+        (shared / name / "ckpt-1.index").write_bytes(b"i")
+        (shared / name / "ckpt-1.data-00000-of-00001").write_bytes(b"d")
+    for job in ("job-a", "job-b"):
+        (shared / job / "tasks").mkdir()
+    found = checkpoints.find([str(tmp_path)], own=str(shared / "job-a"))
+    assert sorted(str(Path(c["prefix"]).relative_to(shared)) for c in found) == [
+        "job-a/checkpoints/backup/chief/ckpt-1",
+        "mine/ckpt-1",
+    ]
