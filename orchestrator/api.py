@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -44,6 +44,12 @@ class Job:
     @property
     def state(self) -> str:
         return Store().get_job(self.id).state.value
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        """What the launching script said of the job (`launch(metadata=...)`); {} if nothing."""
+        text = Store().get_job(self.id).metadata
+        return dict(json.loads(text)) if text else {}
 
     def wait(self, timeout: float | None = None, interval: float = 0.5) -> str:
         """Wait for the job to end: `succeeded`, or JobFailed (its `.state`, `failed` or
@@ -139,31 +145,60 @@ def validate(config_path: str | Path) -> dict[str, Any]:
 
 
 def launch(
-    config_path: str | Path,
+    config: str | Path | Mapping[str, Any],
     detach: bool = True,
     force: bool = False,
     overrides: dict[str, Any] | None = None,
     env: dict[str, str] | None = None,
     name: str | None = None,
+    metadata: Mapping[str, Any] | None = None,
 ) -> Job:
     """Validate, preflight every host and start the job under a background supervisor;
-    returns once its tasks run (detach), or once it ended (detach=False: then see
-    `job.state`). Nothing is started when it raises.
+    returns once its tasks run (detach) or wait in the queue, or once it ended (detach=False:
+    then see `job.state`). Nothing is started when it raises.
 
+    `config`: a cluster.toml's path, or its sections as a dict (`{"job": {...}, "backend":
+    {...}}`: validated as the file is, relative paths from the current directory).
     `overrides` sets keys of the file by their path (`{"backend.workers": 4}`), as `launch
     --set` does; `env` adds to `[entrypoint] env` (`--env`); `name` is `job.name`. A bad one
-    raises ConfigError naming its key path."""
+    raises ConfigError naming its key path. `metadata`: a JSON-able dict kept with the job
+    (`Job.metadata`, `status --json`), e.g. a sweep's parameters."""
+    from orchestrator.config.from_mapping import config_file_from
     from orchestrator.config.overrides import Overrides
+    from orchestrator.state.paths import ensure_home, given_configs_dir
 
     sets = {**(overrides or {}), **({"job.name": name} if name is not None else {})}
     given = Overrides(
         tuple((path, _toml_value(value)) for path, value in sets.items()),
         tuple((env or {}).items()),
     )
-    job, _ = launch_detached(config_path, force, overrides=given)
+    said = _metadata_json(metadata)
+    if isinstance(config, Mapping):
+        ensure_home()
+        config = config_file_from(config, given_configs_dir())
+    job, _ = launch_detached(config, force, overrides=given, metadata=said)
     if not detach:
         job.wait_for_end()
     return job
+
+
+MAX_METADATA = 64 * 1024  # bytes of JSON: labels and parameters, not data
+
+
+def _metadata_json(metadata: Mapping[str, Any] | None) -> str:
+    """The metadata as the store keeps it; ConfigError (one line) when it is no JSON object of
+    at most MAX_METADATA bytes."""
+    from orchestrator.errors import ConfigError
+
+    if metadata is None:
+        return ""
+    try:
+        text = json.dumps(dict(metadata), allow_nan=False, sort_keys=True)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"metadata: not JSON: {exc}") from None
+    if len(text.encode()) > MAX_METADATA:
+        raise ConfigError(f"metadata: {len(text.encode())} bytes of JSON, at most {MAX_METADATA}")
+    return text
 
 
 def _toml_value(value: Any) -> str:
@@ -185,7 +220,10 @@ def jobs(limit: int = 10, name: str | None = None, state: str | None = None) -> 
 
 
 def register(
-    config_path: str | Path, force: bool = False, overrides: Overrides | None = None
+    config_path: str | Path,
+    force: bool = False,
+    overrides: Overrides | None = None,
+    metadata: str = "",
 ) -> tuple[Store, JobRecord, ClusterConfig]:
     """Validate and record a job (pending); the backend's own verdict first (Slurm:
     `sbatch --test-only`). Nothing is started."""
@@ -196,7 +234,7 @@ def register(
     cfg = load_config(config_path, overrides)
     check_before_register(cfg, str(config_path))
     store = Store()
-    return store, register_job(store, cfg, str(config_path), force, overrides), cfg
+    return store, register_job(store, cfg, str(config_path), force, overrides, metadata), cfg
 
 
 def launch_detached(
@@ -204,12 +242,13 @@ def launch_detached(
     force: bool = False,
     on_update: Callable[[JobRecord], None] = lambda job: None,
     overrides: Overrides | None = None,
+    metadata: str = "",
 ) -> tuple[Job, int]:
     """Register the job and start its background supervisor; the job and the supervisor's pid
     once the tasks run."""
     from orchestrator.commands.detached import start_detached_supervisor
 
-    store, record, _ = register(config_path, force, overrides)
+    store, record, _ = register(config_path, force, overrides, metadata)
     _, pid = start_detached_supervisor(store, record, on_update)
     return Job(record.id), pid
 

@@ -33,12 +33,18 @@ class PreflightError(OrchestrateError):
 REFUSED_EVENT = "refused"  # the job event a supervisor records for a PreflightError
 
 
+class ResourcesBusy(PreflightError):
+    """Every host that failed its checks either holds GPUs busy with another program or could
+    not be reached: what a queued job waits out (`scheduling.wait_for_resources`)."""
+
+
 class HostsUnreachable(PreflightError):
     """Preflight could not reach some hosts at all (as opposed to hosts that answered unfit)."""
 
-    def __init__(self, message: str, hosts: tuple[int, ...]) -> None:
+    def __init__(self, message: str, hosts: tuple[int, ...], waitable: bool = False) -> None:
         super().__init__(message)
         self.hosts = hosts  # by position in cluster.toml
+        self.waitable = waitable  # every other failing host only had busy GPUs
 
 
 class LaunchError(OrchestrateError):

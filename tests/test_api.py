@@ -16,7 +16,7 @@ import pytest
 from tests.conftest import CliResult, fake_job, status_json
 
 SWEEP = """
-import json, sys
+import json, sys, tomllib
 from pathlib import Path
 from orchestrator.api import Job, JobFailed, jobs, launch, validate
 from orchestrator.errors import ConfigError, JobNotFoundError, OrchestrateError
@@ -27,7 +27,13 @@ for n, mode in enumerate(["count:3", "fail:3", "count:5"]):
     path = root / f"sweep-{n}.toml"
     path.write_text((root / "base.toml").read_text().replace("MODE", mode))
     assert validate(path)["tasks"] == 2
-    job = launch(path, name=f"sweep-{n % 2}")  # back once its tasks run
+    if n < 2:
+        job = launch(path, name=f"sweep-{n % 2}")  # back once its tasks run
+    else:  # the sections as a dict, a relative path among them, and metadata kept with the job
+        given = tomllib.loads(path.read_text())
+        given["job"]["shared_dir"] = "shared"  # from the current directory
+        job = launch(given, name="sweep-0", metadata={"n": n, "mode": mode})
+        out["metadata"] = job.metadata
     followed = [r.text for r in job.follow(task="1", grep="^line ")]  # until it ends
     try:
         state, cause = job.wait(timeout=120), None
@@ -62,6 +68,11 @@ try:
     launch(bad)
 except ConfigError as exc:
     out["config_error"] = str(exc)
+for bad_dict, bad_metadata in (({"job": {"name": "x"}}, None), (path, {"lr": float("nan")})):
+    try:
+        launch(bad_dict, metadata=bad_metadata)
+    except ConfigError as exc:
+        out.setdefault("refused", []).append(str(exc))
 try:
     Job("no-such-job").status()
 except JobNotFoundError as exc:
@@ -122,6 +133,16 @@ def test_a_sweep_of_three_jobs_driven_from_python_agrees_with_the_cli(
     assert len(out["config_error"].splitlines()) == 2
     assert "no-such-job" in out["not_found"]
     assert out["wait_unknown"] == "JobNotFoundError"
+    # A dict is a configuration as a file is; metadata stays with the job, as the CLI shows it.
+    assert out["metadata"] == {"n": 2, "mode": "count:5"} == runs[2]["status"]["metadata"]
+    assert status_json(cli, runs[2]["id"])["jobs"][0]["metadata"] == out["metadata"]
+    assert runs[2]["status"]["job_dir"].startswith(str(tmp_path / "shared"))
+    assert (
+        out["refused"][0].startswith("the configuration given: ")
+        and "entrypoint" in out["refused"][0]
+    )
+    assert out["refused"][1].startswith("metadata: not JSON")
+    assert len(status_json(cli)["jobs"]) == 4  # three runs and the slow one: no refused one
     for job in status_json(cli)["jobs"]:
         reap_pids.append(job["supervisor"]["pid"] or 0)
 

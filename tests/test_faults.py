@@ -206,10 +206,12 @@ def test_killed_supervisor_leaves_training_running_and_attach_finishes_it(
     step = json.loads(status_file.read_text())["progress"]["step"]
     wait_for(lambda: json.loads(status_file.read_text())["progress"]["step"] > step + 20, 30)
 
-    attach = subprocess.run([sys.executable, "-m", "orchestrator", "attach", job_id],
+    attach = subprocess.run([sys.executable, "-m", "orchestrator", "attach", job_id, "--json"],
                             capture_output=True, text=True, timeout=240, cwd=REPO)  # fmt: skip
     assert attach.returncode == 0, attach.stdout[-2000:] + attach.stderr
-    assert f"attached to job {job_id}" in attach.stdout
+    assert f"attached to job {job_id}" in attach.stderr  # --json: the lines on stderr
+    ended = json.loads(attach.stdout)  # and the job's end, one document
+    assert (ended["job"], ended["state"], ended["schema_version"]) == (job_id, "succeeded", 1)
     job = job_view(cli, job_id)
     assert job["state"] == "succeeded"  # (a busy machine may add a restart: it resumes)
     assert all(t["epoch"] == 14 for t in job["tasks"])

@@ -20,9 +20,10 @@ from orchestrator.errors import (
     HostsUnreachable,
     OrchestrateError,
     PreflightError,
+    ResourcesBusy,
     TransportError,
 )
-from orchestrator.planning.gpus import HostGpus, gpu_problems, host_gpus
+from orchestrator.planning.gpus import HostGpus, busy_problem, gpu_problems, host_gpus
 from orchestrator.planning.plan import host_labels, initial_hosts
 from orchestrator.transport.fanout import HostResults, each
 from worker.spec import HOST_PROTOCOL
@@ -111,16 +112,18 @@ def preflight(
         image = None if in_image is None else in_image.result()
         tensorflow = data.get("tensorflow") if image is None else image.tensorflow
         problems += version_problems(data.get("protocol", 1), tensorflow, backend.python(i))
-        gpus = None
+        gpus, busy = None, ""
         if per_task and "gpu" not in data:
             problems.append("its orchestrate worker package cannot count GPUs: install the same")
         elif per_task and data["gpu"].get("counted"):  # else the probe said why not
             gpus = host_gpus(data["gpu"])
-            problems += gpu_problems(
-                gpus, per_task, config.backend.host_slots(i), force, tensorflow or ""
-            )
+            slots = config.backend.host_slots(i)
+            problems += gpu_problems(gpus, per_task, slots, True, tensorflow or "")
+            busy = "" if force else busy_problem(gpus, per_task, slots)
         if problems:
-            raise PreflightError(", ".join(problems))
+            raise PreflightError(", ".join([*problems, busy] if busy else problems))
+        if busy:
+            raise ResourcesBusy(busy)  # only that: a queued job waits it out
         return HostReport(
             i,
             labels[i],
@@ -155,9 +158,11 @@ def preflight(
             results.describe_failures(lambda i: labels[i])
         )
         unreachable = tuple(i for i, e in results.failed.items() if isinstance(e, TransportError))
+        failed = results.failed.values()
+        waitable = all(isinstance(e, TransportError | ResourcesBusy) for e in failed)
         if unreachable:
-            raise HostsUnreachable(message, unreachable)
-        raise PreflightError(message)
+            raise HostsUnreachable(message, unreachable, waitable)
+        raise ResourcesBusy(message) if waitable else PreflightError(message)
     return dict(results.succeeded)
 
 

@@ -10,7 +10,6 @@ import os
 import sqlite3
 import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -18,10 +17,15 @@ import typer
 from orchestrator.commands.cli_app import (
     ConfigArg,
     DetachOpt,
+    EnvFileOpt,
+    EnvOpt,
     JobArg,
     JsonOpt,
     PlainOpt,
+    QueueTimeoutOpt,
+    SetOpt,
     VerboseOpt,
+    WaitForResourcesOpt,
     app,
     echo,
     error_lines,
@@ -107,25 +111,20 @@ def launch(
     as_json: Annotated[
         bool, typer.Option("--json", help="With --dry-run or --detach: the result as JSON.")
     ] = False,
-    sets: Annotated[
-        list[str] | None,
-        typer.Option("--set", help="Override a key of the file: KEY.PATH=VALUE (repeatable)."),
-    ] = None,
-    env: Annotated[
-        list[str] | None,
-        typer.Option("--env", help="Add to [entrypoint] env: NAME=VALUE (repeatable)."),
-    ] = None,
-    env_file: Annotated[
-        Path | None, typer.Option("--env-file", help="Add to [entrypoint] env from a dotenv file.")
-    ] = None,
+    sets: SetOpt = None,
+    env: EnvOpt = None,
+    env_file: EnvFileOpt = None,
+    wait_for_resources: WaitForResourcesOpt = False,
+    queue_timeout: QueueTimeoutOpt = None,
 ) -> None:
     """Validate, preflight every host, start one agent per task, and supervise the job."""
     from orchestrator.commands.json_views import dry_run_plan_doc, dumps, job_state
     from orchestrator.config import load_config
-    from orchestrator.config.overrides import parse
+    from orchestrator.config.overrides import parse, queue_sets
 
     with errors_as_json(as_json):
-        overrides = parse(sets or [], env or [], env_file)
+        sets = [*(sets or []), *queue_sets(wait_for_resources, queue_timeout)]
+        overrides = parse(sets, env or [], env_file)
 
     if as_json and not (dry_run or detach):
         raise UsageError("--json goes with --dry-run or --detach (status --json follows a job)")
@@ -151,6 +150,8 @@ def launch(
             echo(dumps(job_state(job.id, state, supervisor_pid=pid)))
             return
         echo(f"job {job.id} {state} (supervisor pid {pid})")
+        if state == "queued":
+            echo(f"  {Store().get_job(job.id).last_cause}")
         echo(f"  orchestrate status {job.id}   orchestrate logs {job.id} --follow")
         return
     store, record, cfg = api.register(config, force, overrides)
@@ -169,6 +170,7 @@ def _supervise(
     adopt: bool = False,
     plain: bool = True,
     foreground: bool = True,
+    as_json: bool = False,
 ) -> None:
     """Run (or adopt) a job's supervision in this process to the end; exit 1 unless it
     succeeded. Whatever fails before supervision starts ends the job FAILED with its cause.
@@ -178,7 +180,7 @@ def _supervise(
 
     with failing_job_on_error(store, job.id):
         cfg = config()
-        sink = console_sink(log_copies_dir(job.id), store.path, job.id, verbose, plain)
+        sink = console_sink(log_copies_dir(job.id), store.path, job.id, verbose, plain, as_json)
         try:
             supervisor = Supervisor(store, job, cfg, sink)
         except BaseException:
@@ -186,6 +188,12 @@ def _supervise(
             raise
     supervisor.install_signal_handlers(hand_over_on_hangup=foreground)
     state = supervisor.adopt() if adopt else supervisor.run()
+    if as_json:  # the lines went to stderr: stdout holds the job's end, one document
+        from orchestrator.commands.json_views import dumps, job_state
+
+        ended = store.get_job(job.id)
+        echo(dumps(job_state(job.id, ended.state.value, last_cause=ended.last_cause,
+                             restarts=ended.restarts, handed_to=supervisor.handed_to)))  # fmt: skip
     if supervisor.handed_to is not None:
         return  # the job goes on, supervised by the detached successor
     if state == JobState.STOPPED and supervisor.stopped_by is not None:
@@ -262,18 +270,24 @@ def attach(
     job_ref: JobArg,
     verbose: VerboseOpt = False,
     plain: PlainOpt = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="The lines on stderr; the job's end as JSON.")
+    ] = False,
 ) -> None:
     """Adopt a running job whose supervisor is gone, and supervise it to the end."""
+    from orchestrator.commands.json_views import dumps, job_state
     from orchestrator.commands.stopping import finish_stop
     from orchestrator.state.takeover import AttachPlan, attach_plan
 
-    store = Store()
-    job = store.get_job(job_ref)
-    if attach_plan(store, job) == AttachPlan.FINISH_STOP:
-        echo(f"job {job.id} {finish_stop(store, job).value}")
-        return
-    cfg = launch_config(job)
-    _supervise(store, job, lambda: cfg, verbose, adopt=True, plain=plain)
+    with errors_as_json(as_json):
+        store = Store()
+        job = store.get_job(job_ref)
+        if attach_plan(store, job) == AttachPlan.FINISH_STOP:
+            state = finish_stop(store, job).value
+            echo(dumps(job_state(job.id, state)) if as_json else f"job {job.id} {state}")
+            return
+        cfg = launch_config(job)
+    _supervise(store, job, lambda: cfg, verbose, adopt=True, plain=plain, as_json=as_json)
 
 
 @app.command()

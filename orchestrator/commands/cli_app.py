@@ -37,6 +37,29 @@ PlainOpt = Annotated[
     typer.Option("--plain", help="Prefixed lines only, no live panel (as off a terminal)."),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
+# launch's overrides of its cluster.toml (orchestrator.config.overrides)
+SetOpt = Annotated[
+    list[str] | None,
+    typer.Option("--set", help="Override a key of the file: KEY.PATH=VALUE (repeatable)."),
+]
+EnvOpt = Annotated[
+    list[str] | None,
+    typer.Option("--env", help="Add to [entrypoint] env: NAME=VALUE (repeatable)."),
+]
+EnvFileOpt = Annotated[
+    Path | None, typer.Option("--env-file", help="Add to [entrypoint] env from a dotenv file.")
+]
+WaitForResourcesOpt = Annotated[
+    bool,
+    typer.Option(
+        "--wait-for-resources",
+        help="Queue while GPUs or slots are held by another job or program, or a host is "
+        "unreachable ([scheduling] wait_for_resources).",
+    ),
+]
+QueueTimeoutOpt = Annotated[
+    str | None, typer.Option("--queue-timeout", help="Fail after this many seconds in the queue.")
+]
 
 
 def echo(text: str = "") -> None:

@@ -354,9 +354,10 @@ def live_wanted(plain: bool) -> bool:
 
 
 def console_sink(copy_dir: Path, store_path: Path, job_id: str, verbose: bool,
-                 plain: bool) -> LineSink:  # fmt: skip
+                 plain: bool, to_stderr: bool = False) -> LineSink:  # fmt: skip
     """Where a supervising `launch`/`attach`/`resume` sends the tasks' lines: its standard
-    output, for as long as something reads it (orchestrator.logs.launch_output)."""
+    output (`to_stderr`: its standard error, plain, where stdout holds one JSON document), for
+    as long as something reads it (orchestrator.logs.launch_output)."""
 
     def lost(why: str) -> None:
         store = Store(store_path)
@@ -367,8 +368,8 @@ def console_sink(copy_dir: Path, store_path: Path, job_id: str, verbose: bool,
         finally:
             store.close()
 
-    out = cast(TextIO, GuardedOutput(sys.stdout, lost))
-    if live_wanted(plain):
+    out = cast(TextIO, GuardedOutput(sys.stderr if to_stderr else sys.stdout, lost))
+    if live_wanted(plain or to_stderr):
         return LiveConsole(copy_dir, out, store_path, job_id, verbose)
     return LineSink(copy_dir, out, verbose)
 

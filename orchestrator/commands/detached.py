@@ -25,8 +25,8 @@ def start_detached_supervisor(
     store: Store, job: JobRecord, on_update: Callable[[JobRecord], None] = lambda job: None
 ) -> tuple[JobRecord, int]:
     """Start `orchestrate supervise JOB` in the background and wait until the job runs (or
-    ended), telling `on_update` of the job meanwhile. Returns the job and the supervisor's pid;
-    raises when the job failed or stopped."""
+    waits in the queue, or ended), telling `on_update` of the job meanwhile. Returns the job
+    and the supervisor's pid; raises when the job failed or stopped."""
 
     log = supervisor_log(job.id)
     supervisor = LocalTransport().start_detached(
@@ -43,7 +43,7 @@ def start_detached_supervisor(
     while time.monotonic() < deadline:
         current = store.get_job(job.id)
         on_update(current)
-        if current.state == JobState.RUNNING or current.state.is_terminal():
+        if current.state in (JobState.RUNNING, JobState.QUEUED) or current.state.is_terminal():
             break
         if not is_same(supervisor.pid, supervisor.ident):  # it died before the job ran
             current = store.get_job(job.id)  # it may have ended the job just before exiting

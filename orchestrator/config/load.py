@@ -42,7 +42,7 @@ def load_config(path: str | Path, overrides: Overrides | None = None) -> Cluster
         raw = apply_overrides(raw, overrides)
         source += " with its overrides"
     config = parse_config(raw, source=source)
-    config = _resolve_paths(config, path.resolve().parent, source)
+    config = resolve_paths(config, path.resolve().parent, source)
     check_semantics(config, source)
     return config
 
@@ -196,7 +196,7 @@ def _expand(p: Path, key: str, source: str) -> Path:
         ) from None
 
 
-def _resolve_paths(config: ClusterConfig, base: Path, source: str) -> ClusterConfig:
+def resolve_paths(config: ClusterConfig, base: Path, source: str) -> ClusterConfig:
     def resolve(p: Path | None, key: str) -> Path | None:
         if p is None:
             return None

@@ -357,6 +357,17 @@ class NotifySection(ConfigModel):
     timeout: Annotated[Seconds, Field(gt=0)] = 10.0  # per try of a command or a POST
 
 
+class SchedulingSection(ConfigModel):
+    """What a launch does when what it asks for is taken (`launch --wait-for-resources`)."""
+
+    # Wait in the queue (state `queued`, its reason in `status`) while a GPU or task slot it
+    # needs is held by another job, a GPU by another program, or a host cannot be reached; jobs
+    # that want the same run one after the other, in launch order. false: such a launch fails.
+    wait_for_resources: bool = False
+    # The longest wait in the queue before the job fails; 0: no limit.
+    queue_timeout: Annotated[Seconds, Field(ge=0)] = 0.0
+
+
 class ClusterConfig(ConfigModel):
     job: JobSection
     entrypoint: EntrypointSection
@@ -367,5 +378,6 @@ class ClusterConfig(ConfigModel):
     restart: RestartSection = RestartSection()
     strategy: StrategySection = StrategySection()
     notify: NotifySection = NotifySection()
+    scheduling: SchedulingSection = SchedulingSection()
     # The trainer runs inside this image (the agent stays on the host); absent: on the host.
     container: ContainerSection | None = None

@@ -121,3 +121,11 @@ def _value(text: str) -> Any:
         return tomllib.loads(f"v = {text}")["v"]
     except tomllib.TOMLDecodeError:
         return text
+
+
+def queue_sets(wait: bool, timeout: str | None) -> list[str]:
+    """`launch --wait-for-resources [--queue-timeout S]` as the `--set`s they stand for."""
+    sets = ["scheduling.wait_for_resources=true"] if wait else []
+    if timeout is not None:
+        sets.append(f"scheduling.queue_timeout={timeout}")
+    return sets

@@ -78,6 +78,14 @@ def busy_phrase(gpu: Gpu) -> str:
     return f"GPU {gpu.index} in use by {users}"
 
 
+def busy_problem(host: HostGpus, per_task: int, slots: int | None) -> str:
+    """The GPUs the host's tasks would get that other programs' processes use, in one phrase
+    ("": none): what a queued job waits out, and what `--force` overrides."""
+    used = (len(host.gpus) // per_task if slots is None else slots) * per_task
+    busy = [g for g in host.gpus[:used] if g.busy]
+    return "; ".join(busy_phrase(g) for g in busy) + f" ({FORCE_HINT})" if busy else ""
+
+
 def gpu_problems(
     host: HostGpus,
     per_task: int,
@@ -91,22 +99,18 @@ def gpu_problems(
     or a driver too old for the CUDA TensorFlow was built with."""
     problems = []
     found = len(host.gpus)
-    if slots is None:
-        if found < per_task:
-            problems.append(
-                f'no GPU for a task: {found} GPU(s) found, slots = "per_gpu" with '
-                f"gpus_per_task = {per_task}"
-            )
-        used = found // per_task * per_task
-    else:
-        used = slots * per_task
-        if found < used:
-            problems.append(
-                f"{found} GPU(s) found, {used} needed ({slots} task(s) x {per_task} GPU(s))"
-            )
-    busy = [g for g in host.gpus[:used] if g.busy]
-    if busy and not force:
-        problems.append("; ".join(busy_phrase(g) for g in busy) + f" ({FORCE_HINT})")
+    if slots is None and found < per_task:
+        problems.append(
+            f'no GPU for a task: {found} GPU(s) found, slots = "per_gpu" with '
+            f"gpus_per_task = {per_task}"
+        )
+    elif slots is not None and found < slots * per_task:
+        problems.append(
+            f"{found} GPU(s) found, {slots * per_task} needed ({slots} task(s) x {per_task} GPU(s))"
+        )
+    busy = "" if force else busy_problem(host, per_task, slots)
+    if busy:
+        problems.append(busy)
     tf = f"TensorFlow {tensorflow}" if tensorflow else "TensorFlow"
     if host.tf_cuda_build is False:
         problems.append(

@@ -33,6 +33,7 @@ def register_job(
     config_path: str,
     force: bool = False,
     overrides: Overrides | None = None,
+    metadata: str = "",
 ) -> JobRecord:
     """Record a validated job (state PENDING) with its planned tasks; starts nothing.
     `force` (`launch --force`) is kept with the job, for its restarts and resumes too; so are
@@ -53,6 +54,7 @@ def register_job(
         created=now,
         updated=now,
         forced=force,
+        metadata=metadata,
     )
     if overrides:
         from worker.atomic import makedirs_private, write_bytes_atomic

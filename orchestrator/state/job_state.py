@@ -4,7 +4,7 @@ stop without one, a resume, a supervisor that could not be made."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -18,9 +18,18 @@ _ENDINGS = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.STOPPED})
 # A supervisor that adopts a job (`attach`) takes it over in whatever live state its dead
 # supervisor left, so RUNNING may follow any state that is not terminal.
 LEGAL: dict[JobState, frozenset[JobState]] = {
-    JobState.PENDING: frozenset({JobState.LAUNCHING, JobState.RUNNING, JobState.STOPPING})
+    JobState.PENDING: frozenset(
+        {JobState.QUEUED, JobState.LAUNCHING, JobState.RUNNING, JobState.STOPPING}
+    )
     | _ENDINGS,
-    JobState.LAUNCHING: frozenset({JobState.RUNNING, JobState.STOPPING}) | _ENDINGS,
+    # A queued job launches once what it asks for is free; a preflight that finds GPUs busy or
+    # a host unreachable puts it back in the queue.
+    JobState.QUEUED: frozenset(
+        {JobState.QUEUED, JobState.LAUNCHING, JobState.RUNNING, JobState.STOPPING}
+    )
+    | _ENDINGS,
+    JobState.LAUNCHING: frozenset({JobState.QUEUED, JobState.RUNNING, JobState.STOPPING})
+    | _ENDINGS,
     JobState.RUNNING: frozenset({JobState.RUNNING, JobState.STOPPING}) | _ENDINGS,
     # STOPPING again: a stop without a supervisor that still could not confirm every task.
     JobState.STOPPING: frozenset({JobState.RESTARTING, JobState.RUNNING, JobState.STOPPING})
@@ -81,6 +90,14 @@ class JobStateMachine:
                 f"{job.supervisor_pid} on {job.supervisor_host or 'this host'}: not taking it over"
             )
         self.state = new
+
+    def move_unless(self, new: JobState, blocked: Callable[[list[JobRecord]], str]) -> str:
+        """Move to `new` unless `blocked`, shown every job not ended under one write lock,
+        gives a reason: that becomes the cause instead (store.move_job_unless). Returns it."""
+        check_transition(self.state, new)
+        reason = self.store.move_job_unless(self.job_id, self.state, new, blocked)
+        self.state = self.store.get_job(self.job_id).state
+        return reason
 
     def stop_if_pending(self, cause: str) -> bool:
         """PENDING becomes STOPPING in one statement, unless a supervisor claimed the job

@@ -63,6 +63,11 @@ def job_home(job_id: str) -> Path:
     return orchestrate_home() / "jobs" / job_id
 
 
+def given_configs_dir() -> Path:
+    """Configurations given as dicts (api.launch), each written as a cluster.toml of its own."""
+    return orchestrate_home() / "configs"
+
+
 def overrides_path(job_id: str) -> Path:
     """The launch's `--set`/`--env` overrides, for its later supervisors (private: secrets)."""
     return job_home(job_id) / "overrides.json"

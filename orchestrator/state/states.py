@@ -29,6 +29,7 @@ _TERMINAL_TASK = frozenset(
 
 class JobState(StrEnum):
     PENDING = "pending"  # recorded, nothing started
+    QUEUED = "queued"  # waiting for GPUs, slots or hosts that another job or program holds
     LAUNCHING = "launching"  # preflight / starting agents
     RUNNING = "running"
     RESTARTING = "restarting"

@@ -9,13 +9,14 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import JobNotFoundError
+from orchestrator.state.job_refs import as_typed, encodable
 from orchestrator.state.paths import ensure_home, state_db
 from orchestrator.state.states import JobState, TaskState
 from orchestrator.state.store_schema import open_database
@@ -46,6 +47,7 @@ class JobRecord:
     # What the job's backend keeps for it across supervisors (opaque here; Slurm: its job id).
     backend_state: str = ""
     forced: bool = False  # `launch --force`: GPUs busy with other programs are used anyway
+    metadata: str = ""  # JSON: what the launching script said of the job (api.launch)
 
 
 @dataclass(frozen=True)
@@ -247,12 +249,28 @@ class Store:
         )
         return cursor.rowcount == 1
 
+    def move_job_unless(
+        self, job_id: str, state: JobState, new: JobState, blocked: Callable[[list[JobRecord]], str]
+    ) -> str:
+        """Under one write lock, what `blocked` says of every job not ended (oldest first):
+        "" moves the job from `state` to `new` (if still there); a reason becomes its cause
+        instead. Returns the reason ("": moved, or no longer in `state`)."""
+        ended = [s.value for s in JobState if s.is_terminal()]
+        sql = f"SELECT * FROM jobs WHERE state NOT IN ({', '.join('?' * len(ended))})"
+        with self._transaction() as db:
+            rows = db.execute(sql + " ORDER BY created, id", ended).fetchall()
+            reason = blocked([_job(r) for r in rows])
+            column, value = ("last_cause", reason) if reason else ("last_cause = '', state", new)
+            db.execute(f"UPDATE jobs SET {column} = ?, updated = ? WHERE id = ? AND state = ?",
+                       (value, time.time(), job_id, state))  # fmt: skip
+        return reason
+
     def get_job(self, ref: str) -> JobRecord:
         """A job by id, the newest job with that name, or a unique id prefix."""
         if not ref.strip():
             raise JobNotFoundError("an empty job name matches no job (see `orchestrate status`)")
-        if len(ref) > MAX_REF or not _encodable(ref):  # no job has such a name or id
-            raise JobNotFoundError(f"no job {_as_typed(ref)} (see `orchestrate status`)")
+        if len(ref) > MAX_REF or not encodable(ref):  # no job has such a name or id
+            raise JobNotFoundError(f"no job {as_typed(ref)} (see `orchestrate status`)")
         row = self._db.execute("SELECT * FROM jobs WHERE id = ?", (ref,)).fetchone()
         if row is None:
             row = self._db.execute(
@@ -380,20 +398,3 @@ class Store:
             "SELECT * FROM events WHERE job_id = ? ORDER BY id", (job_id,)
         ).fetchall()
         return [EventRecord(**dict(r)) for r in rows]
-
-
-def _as_typed(ref: str) -> str:
-    """A reference as the user typed it, for one line: undecodable bytes as \\xNN, cut."""
-    raw = ref[:60].encode("utf-8", "surrogateescape" if _encodable(ref, "surrogateescape")
-                          else "backslashreplace")  # fmt: skip
-    text = raw.decode("utf-8", "backslashreplace")
-    return ("'" + text + "'" if text.isprintable() else repr(text)) + ("..." * (len(ref) > 60))
-
-
-def _encodable(text: str, errors: str = "strict") -> bool:
-    """Text SQLite can take: a command line's undecodable bytes arrive as lone surrogates."""
-    try:
-        text.encode("utf-8", errors)
-    except UnicodeEncodeError:
-        return False
-    return True

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from orchestrator.errors import UsageError
 
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 
 # The first schema. A new store is made as a store of this schema upgraded by every migration
 # below, so that the path an old store takes is the path every new store takes too.
@@ -98,6 +98,8 @@ CREATE INDEX IF NOT EXISTS resource_samples_by_job ON resource_samples(job_id, t
 
 # From each older schema to the next: a store keeps its jobs across upgrades.
 MIGRATIONS = {
+    # What a script launching the job tells about it (`api.launch(metadata=)`), as JSON.
+    9: ["ALTER TABLE jobs ADD COLUMN metadata TEXT NOT NULL DEFAULT ''"],
     # A task is named by its backend's handle (an agent's pid and identity, a Slurm step's
     # task), opaque here.
     8: [

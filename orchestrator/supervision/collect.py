@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import os
 import posixpath
+import subprocess
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from orchestrator.backends import Backend
 from orchestrator.errors import UsageError
+from orchestrator.state.paths import report_png
 
 
 def collect_job(backend: Backend, job_root: object, dest: Path) -> int:
@@ -45,3 +49,19 @@ def check_destination(target: Path) -> None:
         probe.unlink()
     except OSError as exc:
         raise UsageError(f"--dest {target}: cannot write in {existing}: {exc.strerror}") from None
+
+
+def draw_report(job_id: str, say: Callable[[str], None], event: Callable[[str, str], None]) -> None:
+    """The run report of an ended job. It draws with matplotlib: in a process of its own, so
+    the supervisor (resident for the whole job) never carries matplotlib's memory."""
+    report = subprocess.run(
+        [sys.executable, "-m", "orchestrator", "report", job_id, "--json"],
+        capture_output=True,
+        timeout=300,
+        check=False,
+    )
+    if report.returncode == 0:  # no chart where matplotlib is not installed: the JSON
+        png = report_png(job_id)
+        say(f"run report: {png if png.exists() else png.with_name('report.json')}")
+    else:
+        event("report_failed", report.stderr.decode(errors="replace").strip()[-300:])

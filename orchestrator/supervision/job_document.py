@@ -89,6 +89,7 @@ def job_view(job: JobRecord, tasks: list[TaskRecord], now: float) -> dict[str, A
         "restarts": job.restarts,
         "preemptions": job.preemptions,
         "last_cause": job.last_cause,
+        "metadata": json.loads(job.metadata) if job.metadata else {},
         "created": job.created,
         "ended": job.ended,
         "wall_seconds": round((job.ended or now) - job.created, 1),

@@ -15,8 +15,6 @@ import contextlib
 import os
 import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 from types import FrameType
@@ -32,20 +30,21 @@ from orchestrator.errors import (
     PreflightError,
 )
 from orchestrator.logs.logstream import LineSink
-from orchestrator.state.paths import collected_dir, report_png
+from orchestrator.state.paths import collected_dir
 from orchestrator.state.states import JobState, TaskState
 from orchestrator.state.store import JobRecord, Store
 from orchestrator.supervision import handover
 from orchestrator.supervision.agent_errors import name_agent_errors
 from orchestrator.supervision.attempt import Attempt
 from orchestrator.supervision.attempt_control import BROKEN_GROUP_GRACE, AttemptControl
-from orchestrator.supervision.collect import collect_job
+from orchestrator.supervision.collect import collect_job, draw_report
 from orchestrator.supervision.context import SupervisionContext
 from orchestrator.supervision.host_loss import Hosts, HostWaitExpired
 from orchestrator.supervision.hung_stacks import take_stacks
 from orchestrator.supervision.monitor import decide
 from orchestrator.supervision.notify import Notifier
 from orchestrator.supervision.observations import Decision, FailureKind, Verdict, failure
+from orchestrator.supervision.queue import Queue, QueueTimedOut, waitable
 from orchestrator.supervision.restart_policy import plan_restart
 from orchestrator.supervision.stop_outcome import unconfirmed_cause
 from orchestrator.supervision.straggler_report import tell_stragglers
@@ -83,6 +82,12 @@ class Supervisor:
         self.hangup = threading.Event()  # the terminal closed: hand the job over
         self.handover = handover.Handover()
         self.handed_to: int | None = None  # the supervisor that took the job over
+        # Until its first attempt starts, a job that waits for what others hold (queue.py).
+        self.queue = (
+            Queue(ctx.job_state, config, self.stop_requested, self._say)
+            if config.scheduling.wait_for_resources
+            else None
+        )
 
     def install_signal_handlers(self, hand_over_on_hangup: bool = False) -> None:
         """SIGINT and SIGTERM stop the job. SIGHUP (the terminal closed) hands it to a
@@ -110,6 +115,9 @@ class Supervisor:
         """Supervise a job whose agents are running but whose supervisor is gone."""
         self.store.add_event(self.job.id, "attached", f"supervisor {os.getpid()} adopted the job")
         self.sink.info(f"attached to job {self.job.id} (attempt {self.job.attempt})")
+        if self.job.state == JobState.QUEUED:  # nothing started yet: back in the queue
+            return self._main(adopted=None, replacing=True)
+        self.queue = None  # it launched before: it holds what it asked for
         attempt = self.attempts.adopted(self.job.attempt)
         if len(attempt.agents) < len(attempt.plan.tasks):  # died mid-launch: it is incomplete
             return self._main(
@@ -118,12 +126,19 @@ class Supervisor:
         return self._main(adopted=attempt)
 
     # --- the restart loop ---------------------------------------------------------------
-    def _main(self, adopted: Attempt | None, first: Decision | None = None) -> JobState:
+    def _main(
+        self, adopted: Attempt | None, first: Decision | None = None, replacing: bool = False
+    ) -> JobState:
         # Claimed in one store statement: a launch and an `attach` racing for one job leave
         # one supervisor, and the other refuses in one line before it touches anything.
         me = (os.getpid(), identity(os.getpid()) or "", socket.gethostname())
-        dead = (self.job.supervisor_pid, self.job.supervisor_ident) if adopted else (None, "")
-        self.job_state.claim(JobState.RUNNING if adopted else JobState.LAUNCHING, me, dead)
+        dead = (self.job.supervisor_pid, self.job.supervisor_ident)
+        first_state = JobState.QUEUED if self.queue is not None else JobState.LAUNCHING
+        self.job_state.claim(
+            JobState.RUNNING if adopted else first_state,
+            me,
+            dead if adopted or replacing else (None, ""),
+        )
         try:
             return self._loop(adopted, first)
         except OrchestrateError as exc:
@@ -152,7 +167,7 @@ class Supervisor:
             except AllocationEnded as exc:
                 return None, failure(FailureKind.ALLOCATION_ENDED, str(exc))
             except OrchestrateError as exc:
-                if self.attempt == 0:
+                if self.attempt == 0 or isinstance(exc, QueueTimedOut):
                     raise  # the first launch fails fast: fix the hosts, then relaunch
                 return None, failure(FailureKind.LAUNCH, f"relaunch failed: {exc}")
             if attempt is None:  # a stop was requested while waiting for a host
@@ -161,6 +176,10 @@ class Supervisor:
 
     def _event(self, kind: str, message: str) -> None:
         self.store.add_event(self.job.id, kind, message)
+
+    def _say(self, kind: str, message: str) -> None:
+        self._event(kind, message)
+        self.sink.info(message)
 
     def _fail_on_error(self, cause: str) -> None:
         """An error ends the job FAILED with its cause, after stopping whatever it started.
@@ -247,9 +266,15 @@ class Supervisor:
         fails fast instead. None: a stop was requested while waiting."""
         while True:
             try:
+                if self.queue is not None and not self.queue.wait_turn():
+                    return None
                 attempt = self.attempts.start(number, self.hosts.for_launch())
-            except HostsUnreachable as exc:
-                if number == 0:
+            except PreflightError as exc:
+                if self.queue is not None and waitable(exc):
+                    if not self.queue.back(exc):
+                        return None
+                    continue
+                if number == 0 or not isinstance(exc, HostsUnreachable):
                     raise  # the first launch fails fast: fix the hosts, then relaunch
                 wait = self.hosts.unreachable(exc.hosts)
                 if self.stop_requested.wait(wait):
@@ -258,6 +283,7 @@ class Supervisor:
             break
         if attempt is None:  # a stop was requested while the allocation waited
             return None
+        self.queue = None  # its turn came: from now on it holds what it asked for
         self.hosts.launched(attempt)
         self.job_state.to(JobState.RUNNING, attempt=number)
         self.store.add_event(
@@ -367,17 +393,4 @@ class Supervisor:
         self.store.add_event(self.job.id, state.value, cause)
         self.notifier.event(state.value, cause)
         self.sink.info(f"job {self.job.id} {state.value}: {cause}")
-        # The run report draws with matplotlib: in a process of its own, so the supervisor
-        # (resident for the whole job) never carries matplotlib's memory.
-        report = subprocess.run(
-            [sys.executable, "-m", "orchestrator", "report", self.job.id, "--json"],
-            capture_output=True,
-            timeout=300,
-            check=False,
-        )
-        if report.returncode == 0:  # no chart where matplotlib is not installed: the JSON
-            png = report_png(self.job.id)
-            self.sink.info(f"run report: {png if png.exists() else png.with_name('report.json')}")
-        else:
-            detail = report.stderr.decode(errors="replace").strip()[-300:]
-            self.store.add_event(self.job.id, "report_failed", detail)
+        draw_report(self.job.id, self.sink.info, self._event)
