@@ -9,6 +9,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Callable
@@ -35,6 +36,7 @@ pytestmark = pytest.mark.slow
 FIXTURES = Path(__file__).parent / "fixtures"
 PLAIN_FIT = FIXTURES / "plain_fit.py"
 PLAIN_LOOP = FIXTURES / "plain_custom_loop.py"
+OWN_CLUSTER = FIXTURES / "own_cluster_fit.py"
 # The agent takes stacks with py-spy where it is on PATH (a dev dependency), else through the
 # trainer's own handler: each test chooses.
 VENV_BIN = str(Path(sys.executable).parent)
@@ -374,3 +376,25 @@ def test_a_task_with_a_slow_input_pipeline_is_named_the_straggler_with_its_reaso
     assert report["stragglers"] == [named["message"]]
     assert "% waiting for input" in report["resource_chart"]["panels"]
     wait_for(lambda: not job_processes(job_id), 10)
+
+
+def test_a_script_that_builds_its_own_cluster_shows_where_it_really_listens(
+    tmp_path: Path, cli: Callable[..., CliResult], reap_pids: list[int]
+) -> None:
+    """Its own resolver puts the workers on ports of its own: `status` shows those, marked,
+    and says that TF_CONFIG's address is not the one it uses."""
+    ports = []
+    for _ in range(2):  # two free ports of the script's own choosing
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            ports.append(probe.getsockname()[1])
+    own = [f"127.0.0.1:{p}" for p in ports]
+    path = plain_config(tmp_path, OWN_CLUSTER, [], env=f', OWN_CLUSTER = "{",".join(own)}"')
+    job_id = launch_detached(cli, path, reap_pids)
+    job = wait_for_end(cli, job_id, timeout=240)
+    assert job["state"] == "succeeded", job["last_cause"]
+    assert [t["listening"] for t in job["tasks"]] == own
+    assert all(t["address"] not in own for t in job["tasks"])  # TF_CONFIG's, unused
+    text = cli("status", job_id).out
+    assert f"{own[0]}*" in text and f"{own[1]}*" in text, text
+    assert "* worker-0, worker-1: where the script's own cluster resolver put it" in text

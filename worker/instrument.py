@@ -24,6 +24,7 @@ import importlib.abc
 import importlib.machinery
 import importlib.util
 import inspect
+import json
 import os
 import sys
 import threading
@@ -171,7 +172,11 @@ class Instrumentation:
         def __init__(strategy: Any, *args: Any, **kwargs: Any) -> None:
             writer.phase(Phase.JOINING)  # the rendezvous: blocks until every peer connects
             init(strategy, *args, **kwargs)
-            writer.phase(Phase.JOINED)
+            try:  # a script that builds its own cluster: where it really listens
+                listening = own_cluster_address(strategy, os.environ.get("TF_CONFIG", ""))
+            except Exception:  # ours, never the script's: status shows TF_CONFIG's address
+                listening = ""
+            writer.update(force=True, phase=Phase.JOINED, listening=listening)
 
         setattr(__init__, _MARK, True)
         strategy_class.__init__ = __init__
@@ -297,3 +302,17 @@ class Instrumentation:
                 step=value,
                 steps_per_sec=rate.current(),
             )
+
+
+def own_cluster_address(strategy: Any, tf_config: str) -> str:
+    """Where the strategy's cluster resolver puts this task, when that is not where TF_CONFIG
+    puts it (a script that builds its own resolver, e.g. SlurmClusterResolver); "" else."""
+    resolver = strategy.cluster_resolver
+    tasks = resolver.cluster_spec().as_dict().get(resolver.task_type) or []
+    mine = tasks[resolver.task_id] if isinstance(tasks, list) else tasks.get(resolver.task_id)
+    try:
+        given = json.loads(tf_config)
+        ours = given["cluster"][given["task"]["type"]][given["task"]["index"]]
+    except (ValueError, KeyError, IndexError, TypeError):
+        ours = None
+    return str(mine) if mine and mine != ours else ""

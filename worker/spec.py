@@ -19,10 +19,9 @@ SPEC_VERSION = 5
 # host whose worker package answers with another (an older orchestrate installed there): bump
 # it when a helper operation or the spec changes. 3: the spec gained `instrument`. 4: processes
 # are named by pid and identity (start returns both; alive, observe and stop check it), stop_job.
-# 6: listen, unlisten, connect, route (`orchestrate check`); probe's `gpu` (GPU hosts).
-# 7: observe became watch (a long poll: known state in, status keys out).
-# 8: the spec gained sample_resources and launched_at; statuses carry resources. 9:
-# launched_at became since_launch (no clock compared across hosts). 10: checkpoints.
+# 6: listen, unlisten, connect, route (`orchestrate check`); probe's `gpu` (GPU hosts). 7: observe
+# became watch (a long poll). 8: sample_resources, launched_at; statuses carry resources.
+# 9: launched_at became since_launch (no clock compared across hosts). 10: checkpoints.
 HOST_PROTOCOL = 10
 _D = TypeVar("_D")
 _E = TypeVar("_E", bound=StrEnum)
@@ -86,8 +85,7 @@ MAX_GPUS = 64
 
 
 def _count(value: object, default: int | None = 0, high: int = MAX_COUNT) -> int | None:
-    """A non-negative integer within bounds, or `default`: strings, NaN, lists, booleans and
-    out-of-range numbers are not counts."""
+    """A non-negative integer within bounds, or `default` (not a string, NaN or a boolean)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return default
     if isinstance(value, float) and not math.isfinite(value):
@@ -255,6 +253,7 @@ class Progress:
     collective_seconds: float = 0.0
     input_seconds: float = 0.0
     clock: float = 0.0
+    listening: str = ""  # host:port its strategy's own resolver gave it, if not TF_CONFIG's
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -287,6 +286,7 @@ class Progress:
             collective_seconds=_real(data.get("collective_seconds"), 0.0) or 0.0,
             input_seconds=_real(data.get("input_seconds"), 0.0) or 0.0,
             clock=_real(data.get("clock"), 0.0) or 0.0,
+            listening="".join(c for c in _text(data.get("listening"), 256) if c.isprintable()),
         )
 
 

@@ -131,7 +131,7 @@ def render_status(views: list[dict[str, Any]], detailed: bool) -> None:
             [
                 f"{t['type']}-{t['index']}",
                 t["host"],
-                t["address"],
+                f"{t['listening']}*" if t["listening"] else t["address"],
                 t["state"]
                 + (f" ({t['exit_code']})" if t["exit_code"] else "")
                 + _unsupervised_cell(t["unsupervised"]),
@@ -168,6 +168,10 @@ def render_status(views: list[dict[str, Any]], detailed: bool) -> None:
         _write(table(headers, rows))
         for note in v["host_notes"]:
             _write(f"  {note}")
+        own = [f"{t['type']}-{t['index']}" for t in v["tasks"] if t["listening"]]
+        if own:
+            _write(f"  * {', '.join(own)}: where the script's own cluster resolver put it, not "
+                   "TF_CONFIG's address (which it does not use)")  # fmt: skip
         if v.get("cold_restarts"):
             _write(f"  restarts are cold: {v['cold_restarts']}")
 

@@ -76,9 +76,8 @@ class TaskRecord:
     epoch_step: int = 0  # batches done in the current epoch
     agent: str = ""  # its backend's handle of the running task (TaskHandle.ref); "": none
     resources: Resources | None = None  # the agent's latest sample (worker.resources)
-    straggler: str = (
-        ""  # why it holds the group back, while it does (orchestrator.supervision.stragglers)
-    )
+    straggler: str = ""  # why it holds the group back, while it does (supervision.stragglers)
+    listening: str = ""  # where the trainer's own cluster puts it, if not at `address`
 
 
 @dataclass(frozen=True)
@@ -252,13 +251,13 @@ class Store:
     def move_job_unless(
         self, job_id: str, state: JobState, new: JobState, blocked: Callable[[list[JobRecord]], str]
     ) -> str:
-        """Under one write lock, what `blocked` says of every job not ended (oldest first):
+        """Under one write lock, what `blocked` says of every job not ended (in launch order):
         "" moves the job from `state` to `new` (if still there); a reason becomes its cause
         instead. Returns the reason ("": moved, or no longer in `state`)."""
         ended = [s.value for s in JobState if s.is_terminal()]
         sql = f"SELECT * FROM jobs WHERE state NOT IN ({', '.join('?' * len(ended))})"
         with self._transaction() as db:
-            rows = db.execute(sql + " ORDER BY created, id", ended).fetchall()
+            rows = db.execute(sql + " ORDER BY rowid", ended).fetchall()  # launch order
             reason = blocked([_job(r) for r in rows])
             column, value = ("last_cause", reason) if reason else ("last_cause = '', state", new)
             db.execute(f"UPDATE jobs SET {column} = ?, updated = ? WHERE id = ? AND state = ?",

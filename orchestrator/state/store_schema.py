@@ -99,7 +99,11 @@ CREATE INDEX IF NOT EXISTS resource_samples_by_job ON resource_samples(job_id, t
 # From each older schema to the next: a store keeps its jobs across upgrades.
 MIGRATIONS = {
     # What a script launching the job tells about it (`api.launch(metadata=)`), as JSON.
-    9: ["ALTER TABLE jobs ADD COLUMN metadata TEXT NOT NULL DEFAULT ''"],
+    # And where a trainer that builds its own cluster (not TF_CONFIG's) listens.
+    9: [
+        "ALTER TABLE jobs ADD COLUMN metadata TEXT NOT NULL DEFAULT ''",
+        "ALTER TABLE tasks ADD COLUMN listening TEXT NOT NULL DEFAULT ''",
+    ],
     # A task is named by its backend's handle (an agent's pid and identity, a Slurm step's
     # task), opaque here.
     8: [

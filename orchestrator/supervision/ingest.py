@@ -173,6 +173,7 @@ class Ingest:
                 total_epochs=progress.epochs,
                 steps_per_epoch=progress.steps_per_epoch,
                 epoch_step=progress.epoch_step,
+                listening=progress.listening,
                 resources=status.resources,
                 seq=status.seq,
             )

@@ -109,6 +109,8 @@ def job_view(job: JobRecord, tasks: list[TaskRecord], now: float) -> dict[str, A
                 "type": t.type,
                 "host": t.host,
                 "address": t.address,
+                # host:port the trainer's own cluster (its own resolver) gave it; null: TF_CONFIG's
+                "listening": t.listening or None,
                 "state": t.state.value,
                 "agent": t.agent or None,
                 # its trainer's container (podman, Docker); null: none, or not named
