@@ -116,7 +116,7 @@ def test_a_sweep_of_three_jobs_driven_from_python_agrees_with_the_cli(
         assert [
             {k: v for k, v in t.items() if k not in moving} for t in run["status"]["tasks"]
         ] == [{k: v for k, v in t.items() if k not in moving} for t in cli_view["tasks"]]
-        cli_lines = [json.loads(ln)["text"] for ln in cli("logs", run["id"], "--json").out.split("\n") if ln]  # fmt: skip
+        cli_lines = [r["text"] for r in json.loads(cli("logs", run["id"], "--json").out)["lines"]]
         assert run["logs"] == cli_lines
     assert runs[0]["numbered"] == [f"line {n:05d} " + "x" * n for n in range(3)]
     assert runs[2]["numbered"] == [f"line {n:05d} " + "x" * n for n in range(5)]

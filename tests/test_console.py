@@ -206,7 +206,11 @@ def test_logs_by_attempt_the_last_lines_and_json_lines(
     assert cli("logs", job, "--tail", "3").out.splitlines() == whole[-3:]
     assert cli("logs", job, "--tail", "0").out == ""
     assert cli("logs", job, "--since", "1h30m").out.splitlines() == whole
-    records = [json.loads(ln) for ln in cli("logs", job, "--json").out.splitlines()]
+    document = json.loads(cli("logs", job, "--json").out)  # one document, its lines
+    assert (document["schema_version"], document["job"]) == (1, job)
+    records = document["lines"]
+    followed = cli("logs", job, "--json", "--follow").out  # a stream: one object a line
+    assert [json.loads(ln) for ln in followed.splitlines()] == records
     assert [f"[worker-{r['task']} {r['host']}] {r['text']}" for r in records] == whole
     assert all(re.fullmatch(r"\d{4}-\d\d-\d\dT[\d:.]{12}Z", r["time"]) for r in records)
 

@@ -144,7 +144,7 @@ def test_piped_logs_are_the_tasks_bytes_exactly_and_json_stays_valid(home: Path)
     assert _run_bytes(home, "logs", job, "--tail", "2") == b"".join(expected.split(b"\n", 1)[1:])
     alone = _run_bytes(home, "logs", job, "--task", "0", "--grep", "bad")
     assert alone == b"ok \xff\xfe bad \xc3(\n"
-    records = [json.loads(ln) for ln in _run_bytes(home, "logs", job, "--json").splitlines()]
+    records = json.loads(_run_bytes(home, "logs", job, "--json"))["lines"]
     assert [r["text"] for r in records] == [
         ln.decode(errors="replace") for ln in HOSTILE.split(b"\n")
     ]
@@ -189,12 +189,16 @@ def test_the_last_lines_read_from_the_end_are_the_last_of_the_whole(
     home: Path, extra: list[str]
 ) -> None:
     job = _interleaved()
-    whole = _run_bytes(home, "logs", job, *extra).split(b"\n")[:-1]
+
+    def lines(*args: str) -> list:  # --json: the document's lines
+        out = _run_bytes(home, "logs", job, *args, *extra)
+        return json.loads(out)["lines"] if "--json" in extra else out.split(b"\n")[:-1]
+
+    whole = lines()
     assert len(whole) > 7
     for n in (1, 7, len(whole), len(whole) + 5):
-        tail = _run_bytes(home, "logs", job, "--tail", str(n), *extra).split(b"\n")[:-1]
-        assert tail == whole[-n:], (n, extra)
-    assert _run_bytes(home, "logs", job, "--tail", "0", *extra) == b""
+        assert lines("--tail", str(n)) == whole[-n:], (n, extra)
+    assert lines("--tail", "0") == []
 
 
 def test_the_api_tail_is_the_end_of_the_whole_and_a_long_line_is_cut(home: Path) -> None:
@@ -211,9 +215,7 @@ def test_the_api_tail_is_the_end_of_the_whole_and_a_long_line_is_cut(home: Path)
     # Piped and in JSON the long line is whole.
     piped = _run_bytes(home, "logs", job, "--task", "1", "--grep", "^LLL")
     assert piped == b"L" * (200 << 10) + b" end\n"
-    (record,) = map(
-        json.loads, _run_bytes(home, "logs", job, "--json", "--grep", "^L").splitlines()
-    )
+    (record,) = json.loads(_run_bytes(home, "logs", job, "--json", "--grep", "^L"))["lines"]
     assert record["text"] == "L" * (200 << 10) + " end"
 
 

@@ -204,7 +204,7 @@ BAD_INPUT = [
     (["standbys", "MISSING"], "no such file"),
 ]
 JSON_COMMANDS = {"validate", "check", "stop", "delete", "prune", "status", "wait", "report",
-                 "tensorboard", "checkpoints", "collect", "standbys", "attach"}  # fmt: skip
+                 "tensorboard", "checkpoints", "collect", "standbys", "attach", "logs"}  # fmt: skip
 
 
 @pytest.mark.parametrize(("args", "said"), BAD_INPUT, ids=[" ".join(a[:2]) for a, _ in BAD_INPUT])

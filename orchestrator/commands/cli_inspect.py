@@ -109,17 +109,25 @@ def logs(
         int | None, typer.Option("--attempt", help="Only the lines of attempt K (0: the first).")
     ] = None,
     as_json: Annotated[
-        bool, typer.Option("--json", help="One JSON object per line: time, task, host, text.")
+        bool,
+        typer.Option(
+            "--json",
+            help="One document, its lines: time, task, host, text (--follow: a line each).",
+        ),
     ] = False,
 ) -> None:
     """Print a job's task logs (the coordinator's durable copies), prefixed by task, in the
     order they arrived."""
+    from orchestrator.commands.json_document import SCHEMA_VERSION
     from orchestrator.logs.log_query import LogQuery, follow_logs
 
-    store = Store()
-    query = LogQuery(task, follow, timestamps, since, grep, tail, attempt, as_json)
-    job = store.get_job(job_ref)
-    follow_logs(store, job, query)
+    with errors_as_json(as_json and not follow):
+        store = Store()
+        query = LogQuery(task, follow, timestamps, since, grep, tail, attempt, as_json)
+        job = store.get_job(job_ref)
+    head = {"schema_version": SCHEMA_VERSION, "job": job.id}
+    frame = (json.dumps(head)[:-1].encode() + b', "lines": [\n', b"]}\n")
+    follow_logs(store, job, query, frame if as_json and not follow else None)
     if follow:  # it followed the job to its end: exit as `wait` does
         raise typer.Exit(ENDED_EXIT_CODES.get(store.get_job(job.id).state.value, 0))
 

@@ -327,30 +327,36 @@ def _json_line(write: Callable[[bytes], object], task: TaskRecord, line: LogLine
     text = "" if line.rest else line.raw.decode(errors="replace")
     record = LogRecord(line.ts, task.idx, task.host, text).as_json()
     if line.rest is None:
-        write(record.encode() + b"\n")
+        write(record.encode())
         return
     write(record[:-2].encode())  # up to the text's opening quote: `text` is the last key
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     for chunk in itertools.chain([line.raw], line.rest_chunks()):
         write(json.dumps(decoder.decode(chunk))[1:-1].encode())
-    write(json.dumps(decoder.decode(b"", final=True))[1:-1].encode() + b'"}\n')
+    write(json.dumps(decoder.decode(b"", final=True))[1:-1].encode() + b'"}')
 
 
-def follow_logs(store: Store, job: JobRecord, query: LogQuery) -> None:
+def follow_logs(
+    store: Store, job: JobRecord, query: LogQuery, frame: tuple[bytes, bytes] | None = None
+) -> None:
     """`orchestrate logs`: the chosen tasks' durable copies, prefixed by task, in the order the
     lines arrived; with `follow`, on until the job ends. On a terminal each line is decoded
-    and what would drive the terminal escaped; piped, a line is the task's bytes exactly."""
+    and what would drive the terminal escaped; piped, a line is the task's bytes exactly.
+    `frame`: under --json, one document: its start and end around the line objects (written
+    as they are read, so a long log is never held), which commas then separate."""
     alone = query.task is not None and len(parse_tasks(query.task, len(store.tasks(job.id)))) == 1
     batches = line_batches(store, job, query)
     try:
-        _write(batches, query, alone)
+        _write(batches, query, alone, frame)
     except BrokenPipeError:  # the reader stopped (`logs | head`): not a failure
         silence_stdout()
     finally:
         batches.close()  # a --grep matcher ends now
 
 
-def _write(batches: Iterator[list[Item]], query: LogQuery, alone: bool) -> None:
+def _write(
+    batches: Iterator[list[Item]], query: LogQuery, alone: bool, frame: tuple[bytes, bytes] | None
+) -> None:
     tty = sys.stdout.isatty()
     raw = None if tty else getattr(sys.stdout, "buffer", None)
 
@@ -360,10 +366,16 @@ def _write(batches: Iterator[list[Item]], query: LogQuery, alone: bool) -> None:
         else:  # a terminal (or a stream without bytes): text
             sys.stdout.write(data.decode(errors="replace"))
 
+    if frame is not None:
+        write(frame[0])
+    separator = b""
     for batch in batches:
         for task, line in batch:
             if query.as_json:
+                write(separator)
                 _json_line(write, task, line)
+                write(b"\n")
+                separator = b"," if frame is not None else b""
                 continue
             prefix = (stamp(line.ts) + " " if query.timestamps else "") + (
                 "" if alone else f"[worker-{task.idx} {task.host}] "
@@ -376,3 +388,5 @@ def _write(batches: Iterator[list[Item]], query: LogQuery, alone: bool) -> None:
                 write(chunk)
             write(b"\n")
         (raw or sys.stdout).flush()
+    if frame is not None:
+        write(frame[1])
