@@ -422,7 +422,8 @@ def _garbage(rng: object, depth: int = 0) -> object:
     if kind == "list":
         return [_garbage(rng, depth + 1) for _ in range(rng.randint(0, 4))]
     keys = ["step", "epoch", "loss", "phase", "metrics", "gpus", "index", "seq", "agent_pid",
-            "state", "trainer_pid", "exit_code", "progress", "resources", "message", "at"]  # fmt: skip
+            "state", "trainer_pid", "exit_code", "progress", "resources", "message", "at",
+            "listening"]  # fmt: skip
     return {rng.choice(keys): _garbage(rng, depth + 1) for _ in range(rng.randint(0, 6))}
 
 
@@ -464,6 +465,8 @@ def test_statuses_and_progress_of_garbage_parse_to_bounded_values_or_a_clean_ref
         for real in (progress.loss, progress.steps_per_sec):
             assert real is None or (isinstance(real, float) and math.isfinite(real))
         assert all(isinstance(k, str) and math.isfinite(v) for k, v in progress.metrics.items())
+        listening = progress.listening  # shown in `status` as it is: printable, bounded
+        assert isinstance(listening, str) and len(listening) <= 256 and listening.isprintable()
         if status is not None:
             parsed += 1
             db.execute(
@@ -473,6 +476,8 @@ def test_statuses_and_progress_of_garbage_parse_to_bounded_values_or_a_clean_ref
             )  # fmt: skip
             assert len(status.message) <= 2000
     assert parsed > 200 and refused > 200, (parsed, refused)
+    long = Progress.from_dict({"listening": "\x1b[2J" + "h" * 300 + ":1\n"}).listening
+    assert long == "[2J" + "h" * 252  # cut at 256, the escape character dropped
 
 
 def test_any_bytes_printed_are_escaped_on_a_terminal_and_kept_exactly_in_the_copy(
