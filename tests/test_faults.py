@@ -20,6 +20,7 @@ from tests.conftest import (
     REPO,
     CliResult,
     Terminal,
+    fake_job,
     job_processes,
     job_view,
     launch_detached,
@@ -166,6 +167,45 @@ def test_failures_beyond_max_restarts_fail_the_job_with_its_cause(
     # crashing task's last report is certain: the others were stopped mid-heartbeat.
     assert job["tasks"][1]["initial_epoch"] == 2
     assert not job_processes(job["id"])
+
+
+def test_the_backoff_starts_over_after_a_healthy_stretch(
+    tmp_path: Path, cli: Callable[..., CliResult], reap_pids: list[int]
+) -> None:
+    """The second kill comes after its attempt ran past backoff_reset: its restart waits the
+    first backoff again (1 s), not the doubled one (2 s). Stand-in trainers, no TensorFlow."""
+    restart = (
+        "[restart]\nbackoff = 1.0\nbackoff_reset = 5.0\nmax_restarts = 10\nwarm_restart = false\n"
+    )
+    path = tmp_path / "c.toml"
+    path.write_text(fake_job(tmp_path, ["--mode", "sleep"], workers=1, extra=restart))
+    job_id = launch_detached(cli, path, reap_pids)
+
+    def running(attempt: int) -> dict | None:
+        job = job_view(cli, job_id)
+        task = job["tasks"][0]
+        ok = task["state"] == "running" and task["pid"] and job["attempt"] >= attempt
+        return job if ok else None
+
+    def kill_and_see_restart(job: dict) -> str:
+        before = len([e for e in job_view(cli, job_id)["events"] if e["kind"] == "restart"])
+        reap_pids.append(job["tasks"][0]["pid"])
+        signal_job_process(job["tasks"][0]["pid"], job_id, signal.SIGKILL)
+        restarts = wait_for(
+            lambda: [e for e in job_view(cli, job_id)["events"] if e["kind"] == "restart"][before:],
+            60,
+        )
+        return restarts[0]["message"]  # type: ignore[index]
+
+    kill_and_see_restart(wait_for(lambda: running(0), 60))  # type: ignore[arg-type]
+    while True:  # an attempt that runs 6 s untouched (a busy machine may restart one itself)
+        job = wait_for(lambda: running(1), 60)
+        time.sleep(6)
+        if job_view(cli, job_id)["attempt"] == job["attempt"]:  # type: ignore[index]
+            break
+    said = kill_and_see_restart(job)  # type: ignore[arg-type]
+    assert re.fullmatch(r"restart \d+ of 10, in 1s, after: worker-0 exited with code 137", said)
+    assert cli("stop", job_id).code == 0
 
 
 def test_preemption_checkpoints_and_restarts_without_counting(

@@ -282,9 +282,12 @@ class RestartSection(ConfigModel):
     deadlock, so any failure stops every task and starts them all again from the checkpoint."""
 
     max_restarts: Annotated[int, Field(ge=0, le=MAX_RESTARTS)] = 3
-    # Seconds before the first restart, doubling each time up to backoff_max.
+    # Seconds before the first restart, doubling with each restart in a row up to backoff_max.
     backoff: Annotated[Seconds, Field(ge=0)] = 1.0
     backoff_max: Annotated[Seconds, Field(ge=0)] = 30.0
+    # An attempt that ran this long ends the row: the next restart waits `backoff` again
+    # (Kubernetes resets a crash loop's backoff after ten minutes). 0: never.
+    backoff_reset: Annotated[Seconds, Field(ge=0)] = 600.0
     # Exit codes worth a restart; unset: every non-zero exit (lost, hung, unreachable: always).
     retryable_exit_codes: list[int] | None = None
     # A task preempted (SIGTERM) checkpoints and exits with this code; the restart that follows

@@ -1,13 +1,10 @@
 """The supervisor: launch a job, watch it to the end, restart the whole group on failure, and
-record everything in the store.
-
-It runs in the foreground (`orchestrate launch`), as a detached background process
-(`orchestrate launch --detach`, i.e. `python -m orchestrator supervise JOB`), or adopts a
-running job whose supervisor died (`orchestrate attach JOB`). It owns the restart loop and is
-the one that moves the job's state (through job_state.py, its only writer); the rules live in
-monitor.py, restart_policy.py and timing.py, one round of reads in tick.py, starting and
-stopping an attempt in attempts.py (the backend does the work), and lost hosts in host_loss.py.
-"""
+record everything in the store. It runs in the foreground (`orchestrate launch`), detached
+(`launch --detach`: `python -m orchestrator supervise JOB`), or adopts a running job whose
+supervisor died (`orchestrate attach JOB`). It owns the restart loop and is the one that moves
+the job's state (through job_state.py, its only writer); the rules live in monitor.py,
+restart_policy.py and timing.py, one round of reads in tick.py, starting and stopping an
+attempt in attempts.py (the backend does the work), and lost hosts in host_loss.py."""
 
 from __future__ import annotations
 
@@ -74,6 +71,7 @@ class Supervisor:
         self.stop_requested = threading.Event()
         self.stopped_by: int | None = None  # the first signal that asked for the stop
         self.attempt = job.attempt
+        self.in_a_row = 0  # counted restarts in a row: the backoff doubles with each
         self.tick = Tick(ctx)
         self.attempts = AttemptControl(ctx, self.tick, self.stop_requested)
         self.hosts = Hosts(ctx)
@@ -224,6 +222,7 @@ class Supervisor:
                     decision = seen
                     self.job_state.note_cause(decision.cause)
             self.sink.info(f"{decision.cause}: stopping every task")
+            ran_for = 0.0 if attempt is None else attempt.watch.elapsed(time.monotonic())
             if attempt is not None:
                 preempted = decision.exit_code == self.config.restart.preemption_exit_code
                 graceful = preempted or regrow
@@ -239,7 +238,9 @@ class Supervisor:
                 self.config.restart,
                 restarts - preemptions - job.budget_base,
                 self.config.supervision.on_startup_timeout == "restart",
+                (self.in_a_row, ran_for),
             )
+            self.in_a_row = restart.in_a_row
             if not restart.restart:
                 self._collect()
                 cause = decision.cause

@@ -147,8 +147,9 @@ def test_restart_policy() -> None:
     )
     crash = failure(FailureKind.EXITED, "worker-1 exited with code 137", (1,), 137)
     first = plan_restart(crash, policy, 0, False)
-    assert (first.restart, first.counts, first.delay) == (True, True, 1.0)
-    assert plan_restart(crash, policy, 1, False).delay == 1.5  # doubled, capped
+    assert (first.restart, first.counts, first.delay, first.in_a_row) == (True, True, 1.0, 1)
+    second = plan_restart(crash, policy, 1, False, (first.in_a_row, 5.0))
+    assert (second.delay, second.in_a_row) == (1.5, 2)  # doubled, capped
     assert not plan_restart(crash, policy, 2, False).restart  # max_restarts reached
     usage = failure(FailureKind.EXITED, "worker-0 exited with code 2", (0,), 2)
     assert plan_restart(usage, policy, 0, False).reason == "exit code 2 is not retryable"
@@ -210,3 +211,22 @@ def test_startup_deadline_judges_only_what_it_can_see() -> None:
     # ...but under the bootstrap, a trainer that never reported is named.
     silent = obs(0, TaskState.RUNNING, heartbeat_age=1)
     assert decide([silent], **late).cause.endswith("never reported: worker-0")
+
+
+def test_the_backoff_starts_over_after_a_healthy_stretch() -> None:
+    """Doubling with each counted restart in a row; an attempt that ran backoff_reset seconds
+    ends the row (the budget, max_restarts, is not given back); a preemption leaves it."""
+    from orchestrator.config import RestartSection
+
+    policy = RestartSection(max_restarts=10, backoff=2.0, backoff_max=100.0, backoff_reset=600.0)
+    crash = failure(FailureKind.EXITED, "worker-1 exited with code 1", (1,), 1)
+    row, delays = 0, []
+    for counted, ran_for in enumerate([5.0, 30.0, 599.0, 600.0, 1.0, 3600.0]):
+        plan = plan_restart(crash, policy, counted, False, (row, ran_for))
+        delays.append(plan.delay)
+        row = plan.in_a_row
+    assert delays == [2.0, 4.0, 8.0, 2.0, 4.0, 2.0]
+    preempted = failure(FailureKind.EXITED, "worker-0 exited with code 42", (0,), 42)
+    assert plan_restart(preempted, policy, 3, False, (3, 1.0)).in_a_row == 3
+    never = RestartSection(backoff=2.0, backoff_max=100.0, backoff_reset=0.0)
+    assert plan_restart(crash, never, 2, False, (2, 1e6)).delay == 8.0  # 0: never reset
