@@ -97,6 +97,7 @@ class Queue:
         if job.id not in self._theirs:
             try:
                 self._theirs[job.id] = claims(stored_config(job))
-            except ValueError:  # a record this version cannot read: it holds what it holds
+            except (ValueError, OrchestrateError):  # a record this version cannot read (another
+                # version's, a backend plug-in not installed here): nothing known held
                 self._theirs[job.id] = ()
         return self._theirs[job.id]
