@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 from orchestrator.errors import JobFailed
 from orchestrator.logs.log_query import LogQuery, LogRecord, log_batches
@@ -78,6 +78,15 @@ class Job:
                 raise TimeoutError(f"job {self.id} is still {job.state.value} after {timeout:g}s")
             time.sleep(interval)
 
+    @overload
+    def logs(self, task: str | None = None, attempt: int | None = None, since: str | None = None,
+             grep: str | None = None, tail: int | None = None,
+             follow: Literal[False] = False) -> list[LogRecord]: ...  # fmt: skip
+    @overload
+    def logs(self, task: str | None = None, attempt: int | None = None, since: str | None = None,
+             grep: str | None = None, tail: int | None = None, *,
+             follow: Literal[True]) -> Iterator[LogRecord]: ...  # fmt: skip
+
     def logs(
         self,
         task: str | None = None,
@@ -85,11 +94,15 @@ class Job:
         since: str | None = None,
         grep: str | None = None,
         tail: int | None = None,
-    ) -> list[LogRecord]:
+        follow: bool = False,
+    ) -> list[LogRecord] | Iterator[LogRecord]:
         """The lines the tasks printed so far, in the order they arrived (as `orchestrate
         logs`, with the same choices). The copies are read in bounded batches (`tail`: from
         their end), so only the lines returned are held; a line over 64 KiB is cut there (its
-        text ends `[... line cut at 64 KiB]`)."""
+        text ends `[... line cut at 64 KiB]`). `follow=True`: an iterator of the lines as they
+        arrive, until the job ends (as `follow`)."""
+        if follow:
+            return self.follow(task, grep, tail)
         return list(self._lines(LogQuery(task=task, since=since, grep=grep, tail=tail,
                                           attempt=attempt)))  # fmt: skip
 

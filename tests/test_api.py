@@ -34,7 +34,8 @@ for n, mode in enumerate(["count:3", "fail:3", "count:5"]):
         given["job"]["shared_dir"] = "shared"  # from the current directory
         job = launch(given, name="sweep-0", metadata={"n": n, "mode": mode})
         out["metadata"] = job.metadata
-    followed = [r.text for r in job.follow(task="1", grep="^line ")]  # until it ends
+    following = job.logs(task="1", grep="^line ", follow=True) if n else job.follow(task="1", grep="^line ")
+    followed = [r.text for r in following]  # until it ends
     try:
         state, cause = job.wait(timeout=120), None
     except JobFailed as exc:
