@@ -24,8 +24,8 @@ if {handler}:
 
 
 def wait_for_batch():
-    print("waiting", flush=True)
-    time.sleep(600)
+    # one line: the stacks name it whether they are taken before the sleep or during it
+    print("waiting", flush=True); time.sleep(600)
 
 
 wait_for_batch()
