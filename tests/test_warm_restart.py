@@ -21,7 +21,6 @@ from tests.conftest import (
     signal_job_process,
     two_worker_config,
     wait_for,
-    wait_for_end,
 )
 
 pytestmark = pytest.mark.slow
@@ -183,19 +182,20 @@ def test_a_script_that_sets_import_time_variables_itself_is_started_over_cold(
     wait_for(lambda: not job_processes(job_id), 15)
 
 
-def test_no_standby_imports_beside_the_first_steps_and_a_restart_before_the_delay_is_warm(
+def test_no_standby_imports_beside_the_first_steps_and_faults_back_to_back_restart_warm(
     tmp_path: Path, cli: Callable[..., CliResult], reap_pids: list[int]
 ) -> None:
     """[restart] standby_delay: nothing imports TensorFlow beside a job's first epochs. A
     trainer killed before the delay gets its standby as it exits (and the task stopped with it
-    too: keep_standbys is on), and the restart waits for them to finish importing and starts
-    warm in both tasks."""
+    too: keep_standbys is on), and the restart waits for them and starts warm in both tasks.
+    The restarted trainers' next standbys start as they train, not `standby_delay` later, so a
+    second fault soon after restarts warm again."""
     from worker.warm.registry import entries
 
     backup = tmp_path / "shared" / "backup"
     entry = (
         f'script = "{PLAIN_FIT}"\n'
-        f'args = ["--epochs", "8", "--backup-dir", "{backup}", "--step-delay", "0.03"]\n'
+        f'args = ["--epochs", "40", "--backup-dir", "{backup}", "--step-delay", "0.03"]\n'
         'env = { TF_CPP_MIN_LOG_LEVEL = "2", SHOW_STARTUP = "1" }'
     )
     config = two_worker_config(tmp_path, "delay", entry, restart="standby_delay = 600")
@@ -213,11 +213,29 @@ def test_no_standby_imports_beside_the_first_steps_and_a_restart_before_the_dela
     assert not any((tmp_path / "shared" / job_id / "tasks" / str(i) / "standby.log").exists()
                    for i in (0, 1))  # fmt: skip
     signal_job_process(running["tasks"][1]["pid"], job_id, signal.SIGKILL)
-    job = wait_for_end(cli, job_id, timeout=300)
-    assert job["state"] == "succeeded" and job["restarts"] >= 1, job["last_cause"]
+
+    def next_standbys_ready() -> bool:
+        """Each task runs in a standby, and a standby other than that one is ready since."""
+        for i in (0, 1):
+            log = _log(tmp_path, job_id, i)
+            started = re.search(r"warm start: the standby \(pid (\d+)\)", log)
+            later = log[started.end() :] if started else ""
+            if not [pid for pid in READY.findall(later) if pid[0] != started[1]]:
+                return False
+        return True
+
+    # Within standby_delay of the restart (600 s), the next standbys are ready all the same.
+    assert wait_for(next_standbys_ready, 240)
+    second = job_view(cli, job_id)
+    reap_pids.extend(t["pid"] for t in second["tasks"] if t["pid"])
+    signal_job_process(second["tasks"][0]["pid"], job_id, signal.SIGKILL)
+    job = _trained_since_restart(cli, job_id, 2)
+    assert job["restarts"] >= 2, job["last_cause"]
     for i in (0, 1):
         log = _log(tmp_path, job_id, i)
         assert "warm start: the standby" in log.split("attempt 1:")[1], log[-3000:]
         runs = [(s["attempt"], s["tf_imported"]) for s in _startups(log)]
-        assert runs[:2] == [("0", False), ("1", True)], runs
+        # Cold, then warm at every restart (a busy machine's extra one included).
+        assert runs[0] == ("0", False) and len(runs) >= 3, runs
+        assert all(imported for _, imported in runs[1:]), runs
     wait_for(lambda: not job_processes(job_id), 15)

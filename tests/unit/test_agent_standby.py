@@ -1,5 +1,6 @@
 """When an agent asks its keeper for the next attempt's standby (worker.warm.next_standby): only
-once the trainer has trained `standby_delay` seconds, or as a trainer that trained exits."""
+once the trainer has trained `standby_delay` seconds (after a restart: as it trains), or as a
+trainer that trained exits."""
 
 from __future__ import annotations
 
@@ -46,6 +47,19 @@ def test_the_delay_counts_from_the_first_time_the_trainer_is_seen_training(
     assert not standby.due()
     clock.now += 0.1
     assert standby.due()
+
+
+def test_after_a_restart_the_next_standby_starts_as_the_trainer_trains(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Faults back to back: the attempt after a restart does not wait `standby_delay`."""
+    phase = [Phase.JOINING]
+    standby, _, stop = _standby(monkeypatch, phase, attempt=1)
+    assert not standby.due()  # not before it trains: its own first steps come first
+    phase[0] = Phase.TRAINING
+    assert standby.due()
+    stop.set()
+    assert not standby.due()  # stopping: no import beside the stop
 
 
 def test_a_trainer_that_trained_gets_its_standby_as_it_exits_even_stopped(

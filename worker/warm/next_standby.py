@@ -1,7 +1,8 @@
 """The agent's side of warm restarts (worker/warm/activation.py, worker/warm/keeper.py): start this
 attempt's trainer in the task's standby when a keeper holds one, and have the keeper prepare the
-next attempt's once this trainer has trained `standby_delay` seconds, or as a trainer that
-trained exits (for the restart after its failure, or for the user's next job)."""
+next attempt's once this trainer has trained `standby_delay` seconds (a restarted one: as it
+trains), or as a trainer that trained exits (for the restart after its failure, or for the
+user's next job)."""
 
 from __future__ import annotations
 
@@ -84,7 +85,9 @@ class AgentStandby:
         has trained `standby_delay` seconds (a standby importing TensorFlow beside the first
         steps slows them on a host without cores to spare), or, given its `exit_code`, as a
         trainer that trained exits: after its own failure (for the restart), or at any end
-        while standbys are kept for the user's next job."""
+        while standbys are kept for the user's next job. After a restart the delay is not
+        waited: a job that failed once may fail again soon, and a standby still importing
+        then is a restart that waits for it (faults back to back)."""
         if not self._enabled or self._asked:
             return False
         if exit_code is not None:
@@ -98,7 +101,8 @@ class AgentStandby:
         if exit_code is not None:
             return True
         trained = time.monotonic() - self._training_since
-        return not self._stop.is_set() and trained >= self.spec.standby_delay
+        delay = self.spec.standby_delay if self.spec.attempt == 0 else 0.0
+        return not self._stop.is_set() and trained >= delay
 
     def prepare(self) -> None:
         self._asked = True
