@@ -3,12 +3,15 @@
 SSH hosts (tests/beds/ssh.py) with stand-in trainers (scripts/benchmarks/scale_trainer.py: progress
 and a line a second, like a Keras fit, no TensorFlow), so the figures are the coordinator's.
 
-For each size: `launch --detach`, wait until every task steps, then over a window of steady
-training the detached supervisor's CPU (per host per second) and resident size; then one
+For each size: `launch --detach`, the time from the job's record to every agent started (the
+launch's fan-out), wait until every task steps, then over a window of steady training the
+detached supervisor's CPU (per host and per task per second) and resident size; then one
 trainer SIGKILLed and the time until the supervisor begins stopping (P4).
 
-    sudo uv run python -m scripts.benchmarks.scale --hosts 16 64 256 [--window 20] [--baseline]
-        [--profile]
+    sudo uv run python -m scripts.benchmarks.scale --hosts 16 64 256 [--slots 8] [--window 20]
+        [--baseline] [--profile] [--out docs/bench/supervision-scale.json]
+
+--slots runs that many tasks on each host (GPU nodes hold 4-8), each with its own agent.
 
 --baseline adds, for each size, the same measurement with `keepalive = 0.2` (each host read
 every poll interval, as the supervisor did before its long poll); --profile samples the
@@ -48,7 +51,9 @@ def _rss_mb(pid: int) -> float:
     return 0.0
 
 
-def _config(bed: tb.Testbed, hosts: int, root: Path, keepalive: float | None) -> Path:
+def _config(
+    bed: tb.Testbed, hosts: int, root: Path, keepalive: float | None, slots: int = 1
+) -> Path:
     text = Path(bed.cluster_toml).read_text()
     text = text.replace('module = "worker.examples.digits"', f'script = "{TRAINER}"')
     text = text.replace('args = ["--epochs", "8"]', "args = []")
@@ -62,10 +67,10 @@ def _config(bed: tb.Testbed, hosts: int, root: Path, keepalive: float | None) ->
     if keepalive is not None:
         head += f"[supervision]\nkeepalive = {keepalive}\n\n"
     body = "".join(
-        f'[[backend.hosts]]\naddress = "{h.address}"\nname = "{h.name}"\n\n'
+        f'[[backend.hosts]]\naddress = "{h.address}"\nname = "{h.name}"\nslots = {slots}\n\n'
         for h in bed.hosts[:hosts]
     )
-    path = root / f"scale-{hosts}-{keepalive}.toml"
+    path = root / f"scale-{hosts}x{slots}-{keepalive}.toml"
     path.write_text(head + body)
     return path
 
@@ -95,11 +100,11 @@ def _top_frames(collapsed: Path, top: int = 12) -> tuple[list[tuple[float, str]]
 
 def measure(
     bed: tb.Testbed, hosts: int, root: Path, window: float, keepalive: float | None,
-    profile: bool = False,
+    profile: bool = False, slots: int = 1,
 ) -> dict[str, float]:  # fmt: skip
-    home = root / f"home-{hosts}-{keepalive}"
+    home = root / f"home-{hosts}x{slots}-{keepalive}"
     env = orch_env(home)
-    config = _config(bed, hosts, root, keepalive)
+    config = _config(bed, hosts, root, keepalive, slots)
     argv = [PY, "-m", "orchestrator", "launch", "--detach", str(config)]
     out = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=REPO, timeout=600)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
@@ -123,6 +128,8 @@ def measure(
                 f"{j.get('last_cause')}; events: {[e['message'] for e in j['events']][-5:]}"
             ) from None
         supervisor = job["supervisor"]["pid"]  # type: ignore[index]
+        launched = next(e["ts"] for e in job["events"] if e["kind"] == "launched")  # type: ignore[index]
+        fan_out = launched - job["created"]  # type: ignore[index]  # the supervisor's own clock
         time.sleep(3.0)  # past the start: steady training
         spy = None
         if profile and shutil.which("py-spy"):
@@ -164,8 +171,12 @@ def measure(
         )  # fmt: skip
         return {
             "hosts": hosts,
+            "slots": slots,
+            "tasks": hosts * slots,
             "keepalive": keepalive or 1.0,
             "cpu_ms_per_host_s": cpu / elapsed / hosts * 1000,
+            "cpu_ms_per_task_s": cpu / elapsed / (hosts * slots) * 1000,
+            "fan_out_s": fan_out,
             "cpu_share": cpu / elapsed,
             "rss_mb": rss,
             "p4_s": float(ended) - killed,  # type: ignore[arg-type]
@@ -181,6 +192,8 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--hosts", type=int, nargs="+", default=[16, 64])
     parser.add_argument("--window", type=float, default=20.0)
+    parser.add_argument("--slots", type=int, default=1, help="tasks on each host")
+    parser.add_argument("--out", type=Path, help="add the rows to this JSON file's list")
     parser.add_argument(
         "--baseline", action="store_true",
         help="also each size with keepalive = poll_interval (every host read every 0.2 s, as "
@@ -211,10 +224,15 @@ def main() -> int:
                 keepalives = args.keepalive or [None, *([0.2] if args.baseline else [])]
                 for keepalive in keepalives:
                     profiled = args.profile and keepalive is None
-                    results.append(measure(bed, n, root, args.window, keepalive, profiled))
+                    results.append(
+                        measure(bed, n, root, args.window, keepalive, profiled, args.slots)
+                    )
                     print(json.dumps(results[-1]), flush=True)
         finally:
             tb.down(root / "bed")
+    if args.out:
+        kept = json.loads(args.out.read_text()) if args.out.exists() else []
+        args.out.write_text(json.dumps(kept + results, indent=1) + "\n")
     print()
     print("| hosts | keep-alive | supervisor CPU per host per second | vs read every tick "
           "| one core | RSS | kill -> stopping |")  # fmt: skip
