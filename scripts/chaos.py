@@ -24,6 +24,10 @@ preemption by a job in the urgent partition. With `--webhook` (on in `--quick`) 
 `[notify]` webhook misbehaves on each event's first try (scripts/soak/webhook.py), and every
 event must still arrive.
 Invariants (scripts/soak/checks.py): see docs/faults.md, "Chaos soak".
+
+Before the faults, the run measures what its recoveries are compared with: a cold start, two
+workers of the benchmark's trainer started by hand with TF_CONFIG to their first step, on this
+machine (`cold_start_s` in --json, the median of three; one in --quick).
 """
 
 from __future__ import annotations
@@ -33,12 +37,14 @@ import datetime
 import json
 import os
 import random
+import statistics
 import sys
 import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
 
+from scripts.benchmarks.measure import raw_cold_start
 from scripts.soak.beds import open_bed
 from scripts.soak.checks import Cli, Fault
 from scripts.soak.jobs import run_job
@@ -65,6 +71,7 @@ def main() -> None:
     faults: list[Fault] = []
     problems: list[str] = []
     started = time.time()
+    cold: float | None = None
     bed = open_bed(args.backend)
     webhook = MisbehavingWebhook() if args.webhook else None
     try:
@@ -73,6 +80,8 @@ def main() -> None:
             root = Path(tmp)
             os.chmod(root, 0o755)
             cli = Cli(root / "home", bed.env())
+            cold = statistics.median(raw_cold_start(root) for _ in range(1 if args.quick else 3))
+            print(f"chaos: a cold start by hand takes {cold:.2f} s here", flush=True)
             bed.prepare(root / "shared")
             if args.kinds:
                 bed.kinds = tuple(k for k in bed.kinds if k in args.kinds.split(","))
@@ -98,7 +107,8 @@ def main() -> None:
     if args.json:
         args.json.write_text(json.dumps({
             "seed": seed, "backend": args.backend, "per_job": args.per_job,
-            "seconds": round(time.time() - started), "faults": [asdict(f) for f in faults],
+            "seconds": round(time.time() - started), "cold_start_s": cold and round(cold, 3),
+            "faults": [asdict(f) for f in faults],
             "violations": violations,
         }, indent=2))  # fmt: skip
     print(f"chaos: {len(faults)} faults, {recovered} recovered, {len(violations)} violations "

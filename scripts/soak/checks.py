@@ -35,6 +35,7 @@ STEADY = {"supervisor_stall", "link_short", "sshd_kill", "attach_live"}
 # once while it lasts.
 EITHER = {"link_about", "keeper_kill", "standby_kill", "helper_kill", "shared_full"}
 PREEMPTIONS = {"preemption", "slurm_preempt"}  # a restart that spends no budget
+RESTART_WAIT = re.compile(r", in ([0-9.]+)s, after: ")  # the supervisor's restart event
 BOUNDS = {  # seconds from the fault to the supervisor's failure event
     "trainer_kill": 2.0,
     "agent_kill": 2.0,
@@ -70,6 +71,7 @@ class Fault:
     epoch_before: int = 0
     resumed_at_epoch: int | None = None
     budget_spent: int = 0
+    backoff_s: float | None = None  # the restart's configured wait, reported apart
     violations: list[str] = field(default_factory=list)
 
 
@@ -236,6 +238,9 @@ def check_fault(cli: Cli, fault: Fault, before: dict[str, Any]) -> None:
         fault.violations.append("no failure event")
     firsts = [t["first_step_at"] for t in resumed["tasks"] if t["first_step_at"]]
     fault.recovered_s = round(max(firsts) - fault.at, 3) if firsts else None
+    waits = [RESTART_WAIT.search(e["message"]) for e in resumed["events"]
+             if e["kind"] == "restart" and e["ts"] >= fault.at]  # fmt: skip
+    fault.backoff_s = sum(float(w[1]) for w in waits if w) if waits else None
     fault.resumed_at_epoch = min(t["initial_epoch"] for t in resumed["tasks"])
     if fault.resumed_at_epoch < fault.epoch_before:
         fault.violations.append(

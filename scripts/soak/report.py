@@ -18,19 +18,36 @@ def _span(values: list[float]) -> str:
     return f"{statistics.median(values):.2f} / {max(values):.2f}"
 
 
+def _p95(values: list[float]) -> float:
+    return (
+        statistics.quantiles(values, n=20, method="inclusive")[-1] if len(values) > 1 else values[0]
+    )
+
+
+def _ratios(ratios: list[float]) -> str:
+    """Recovery less the configured backoff, over the run's cold start: median / 95th pct."""
+    if not ratios:
+        return "-"
+    return f"{statistics.median(ratios):.2f}x / {_p95(ratios):.2f}x"
+
+
 def rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     by_kind: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for run in runs:
         for fault in run["faults"]:
-            by_kind.setdefault((run["backend"], fault["kind"]), []).append(fault)
+            cold = run.get("cold_start_s")  # runs before it was measured have none
+            by_kind.setdefault((run["backend"], fault["kind"]), []).append({**fault, "cold": cold})
     table = []
     for (backend, kind), faults in sorted(by_kind.items()):
         detected = [f["detected_s"] for f in faults if f["detected_s"] is not None]
         recovered = [f["recovered_s"] for f in faults if f["recovered_s"] is not None]
+        backoffs = [f["backoff_s"] for f in faults if f.get("backoff_s") is not None]
+        ratios = [(f["recovered_s"] - (f.get("backoff_s") or 0.0)) / f["cold"]
+                  for f in faults if f["recovered_s"] is not None and f["cold"]]  # fmt: skip
         table.append({
             "backend": backend, "kind": kind, "count": len(faults),
             "overlapped": sum(1 for f in faults if f["overlap"]),
-            "detected": detected, "recovered": recovered,
+            "detected": detected, "recovered": recovered, "backoff": backoffs, "ratios": ratios,
             "budget": sum(f["budget_spent"] for f in faults),
             "violations": sum(len(f["violations"]) for f in faults),
         })  # fmt: skip
@@ -47,26 +64,32 @@ def markdown(runs: list[dict[str, Any]], table: list[dict[str, Any]]) -> str:
         "Times in seconds from the injection, median / worst: *detected* is the supervisor's",
         "failure event, *recovered* the last task's first step of the attempt that followed.",
         "*Budget* is the restarts counted against `max_restarts` (a preemption counts none).",
+        "*Backoff* is the restarts' configured wait, median; *vs cold start* is the recovery",
+        "less that backoff over the cold start measured in the same run (two workers started by",
+        "hand to their first step), median / 95th percentile.",
         "",
-        "| backend | seed | faults | per job | violations | minutes |",
-        "|---|---|---|---|---|---|",
+        "| backend | seed | faults | per job | violations | minutes | cold start (s) |",
+        "|---|---|---|---|---|---|---|",
     ]
     for run in runs:
         minutes = run["seconds"] / 60
+        cold = f"{run['cold_start_s']:.2f}" if run.get("cold_start_s") else "-"
         lines.append(f"| {run['backend']} | {run['seed']} | {len(run['faults'])} | "
-                     f"{run['per_job']} | {len(run['violations'])} | {minutes:.0f} |")  # fmt: skip
+                     f"{run['per_job']} | {len(run['violations'])} | {minutes:.0f} | "
+                     f"{cold} |")  # fmt: skip
     lines += [
         "",
         f"{total} faults in all.",
         "",
-        "| backend | fault kind | count | overlapped | detected (s) | recovered (s) | budget "
-        "| violations |",
-        "|---|---|---|---|---|---|---|---|",
+        "| backend | fault kind | count | overlapped | detected (s) | recovered (s) | backoff "
+        "(s) | vs cold start | budget | violations |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]  # fmt: skip
     for r in table:
+        backoff = f"{statistics.median(r['backoff']):.2f}" if r["backoff"] else "-"
         lines.append(f"| {r['backend']} | `{r['kind']}` | {r['count']} | {r['overlapped']} | "
-                     f"{_span(r['detected'])} | {_span(r['recovered'])} | {r['budget']} | "
-                     f"{r['violations']} |")  # fmt: skip
+                     f"{_span(r['detected'])} | {_span(r['recovered'])} | {backoff} | "
+                     f"{_ratios(r['ratios'])} | {r['budget']} | {r['violations']} |")  # fmt: skip
     lines += ["", "Violations of a whole job (not of one fault), as the runs recorded them:", ""]
     lines += [f"- {run['backend']}: {v}" for run in runs for v in run["violations"]
               if not v.startswith("fault ")] or ["- none"]  # fmt: skip
