@@ -5,8 +5,10 @@ py-spy; a process without the handler is never signalled; the host helper asks o
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -79,6 +81,36 @@ def test_py_spy_takes_them_from_any_python_process_with_full_file_names(
     text = path.read_text()
     assert f"wait_for_batch ({tmp_path}/child.py:11)" in text
     assert stacks.where(text, [str(tmp_path)]) == "child.py:11 wait_for_batch"
+
+
+@pytest.mark.parametrize("child", [True], indirect=True)
+def test_a_stopped_trainer_is_said_at_once_not_waited_for(
+    child: subprocess.Popen[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGSTOPped (as the chaos soak hangs a trainer), its handler cannot run: no wait for a
+    dump that cannot come, and the stop that follows is not held up."""
+    _path_without_py_spy(monkeypatch)
+    path = stacks.stacks_path(tmp_path, 0)
+    child.send_signal(signal.SIGSTOP)  # our own child, not reaped: its pid is its own
+    try:
+        assert wait_for_state(child.pid, "T")
+        started = time.monotonic()
+        said = stacks.take(child.pid, path, JOB)
+        assert said == "no Python stacks: the trainer is stopped (SIGSTOP or a debugger)"
+        assert time.monotonic() - started < stacks.SETTLE
+        assert path.read_text() == ""
+    finally:
+        child.send_signal(signal.SIGCONT)
+
+
+def wait_for_state(pid: int, state: str) -> bool:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        with open(f"/proc/{pid}/stat") as fh:
+            if fh.read().rsplit(")", 1)[1].split()[0] == state:
+                return True
+        time.sleep(0.01)
+    return False
 
 
 @pytest.mark.parametrize("child", [False], indirect=True)

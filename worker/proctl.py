@@ -62,6 +62,13 @@ def _stat_fields(pid: int) -> list[str] | None:
     return raw[raw.rfind(")") + 2 :].split()
 
 
+def is_stopped(pid: int) -> bool:
+    """Stopped by a signal (SIGSTOP, a terminal's) or held by a tracer: no code of its own runs,
+    a signal handler's neither, until it is continued."""
+    fields = _stat_fields(pid)
+    return fields is not None and fields[0] in ("T", "t")
+
+
 _boot_id: str | None = None
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePath
 from typing import IO
 
-from worker.proctl import is_job_process
+from worker.proctl import is_job_process, is_stopped
 
 ASK_AGENT = signal.SIGUSR1  # the supervisor to the agent: take the stacks now
 ASK_TRAINER = signal.SIGUSR2  # the agent to the trainer: faulthandler writes them
@@ -68,6 +68,8 @@ def take(trainer_pid: int, path: Path, job_id: str) -> str:
             return f"Python stacks of every thread (py-spy) before the stop: {path}"
     if not path.exists():  # no handler in this trainer: a signal would end it
         return "no Python stacks: py-spy is not on this host and the trainer has no handler"
+    if is_stopped(trainer_pid):  # its handler cannot run: waiting for it would only delay the stop
+        return "no Python stacks: the trainer is stopped (SIGSTOP or a debugger)"
     before = path.stat().st_size
     if not is_ours():
         return "no Python stacks: the trainer is gone"
