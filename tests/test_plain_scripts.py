@@ -138,10 +138,12 @@ def test_a_plain_fit_script_reports_progress_outlives_the_deadline_and_checkpoin
 def test_a_plain_custom_loop_reports_steps_and_outlives_the_deadline(
     tmp_path: Path, cli: Callable[..., CliResult], reap_pids: list[int]
 ) -> None:
+    # The script checkpoints a step variable of its own, not its optimizer, as TensorFlow's
+    # custom-loop tutorial does: a resumed attempt's optimizer counts from 0 again.
     path = plain_config(
         tmp_path, PLAIN_LOOP,
         ["--steps", "1000", "--checkpoint-dir", str(tmp_path / "shared" / "ckpt"),
-         "--step-delay", "0.02"],
+         "--step-delay", "0.02", "--leave-optimizer-out"],
         supervision="startup_deadline = 20.0",
     )  # fmt: skip
     job_id = launch_detached(cli, path, reap_pids)
@@ -156,12 +158,35 @@ def test_a_plain_custom_loop_reports_steps_and_outlives_the_deadline(
         lambda j: all(t["resources"] and t["resources"]["collective_percent"] is not None
                       for t in j["tasks"]),
     )  # fmt: skip
+    # Past the deadline, with a checkpoint written: a trainer killed, the group resumes.
+    job = wait_while_running(cli, job_id, reap_pids, lambda j: j["wall_seconds"] > 20)
+    log = tmp_path / "shared" / job_id / "logs" / "worker-0.log"
+
+    def checkpointed() -> list[int]:  # the chief prints each step it has checkpointed
+        return [int(n) for n in re.findall(r"task 0 step (\d+)", log.read_text())]
+
+    wait_for(checkpointed, 60)
+    saved = max(checkpointed())
+    # Killed once every task is past that checkpoint (each has marked it).
+    job = wait_while_running(
+        cli, job_id, reap_pids, lambda j: min(t["step"] for t in j["tasks"]) > saved
+    )
+    signal_job_process(job["tasks"][1]["pid"], job_id, signal.SIGKILL)
+
+    def resumed(j: dict) -> bool:
+        return j["attempt"] > 0 and all(
+            t["attempt"] == j["attempt"] and t["phase"] == "training" for t in j["tasks"]
+        )
+
+    job = wait_while_running(cli, job_id, reap_pids, resumed, interval=0.2)
+    # STEP goes on from the checkpoint's whole step, not from the new optimizer's 0.
+    assert all(t["step"] >= saved for t in job["tasks"]), (saved, job["tasks"])
     job = wait_for_end(cli, job_id, timeout=300)
     assert job["state"] == "succeeded", job["last_cause"]
     # 1,000 steps of at least 20 ms, after TensorFlow's import: longer than the deadline.
     assert not _deadline_failures(job) and job["wall_seconds"] > 20  # it outlived the deadline
-    # The last count is read at the end: both workers ran 1,000 steps in lockstep; the loop
-    # reported no epoch (shown '-'), and it is over (not `training`).
+    # The last count is read at the end: both workers ran 1,000 steps in lockstep, counted
+    # across the resume; the loop reported no epoch (shown '-'), and it is over.
     assert [(t["step"], t["epoch"], t["phase"]) for t in job["tasks"]] == [
         (1000, 0, "finished"),
         (1000, 0, "finished"),
@@ -235,9 +260,11 @@ def test_a_custom_loop_stuck_in_a_collective_has_its_stacks_taken_before_the_sto
     assert job["state"] == "failed"
     # worker-0 waits in the all-reduce of its loop's step; the stopped worker-1 cannot answer
     # (its dump stays empty): the cause says where worker-0 was, and that worker-1 gave none.
+    loop = _line_of(PLAIN_LOOP, "while int(counter.numpy())")
+    lines = "|".join(str(n) for n in range(loop, loop + 4))  # the loop's own lines
     assert re.fullmatch(
         r"no training progress for 3s from (worker-0, )?worker-1 \(optimizer iterations\); "
-        r"worker-0 in plain_custom_loop\.py:7[3-5] <module>; no stacks from worker-1"
+        rf"worker-0 in plain_custom_loop\.py:({lines}) <module>; no stacks from worker-1"
         r"( \(max_restarts \(0\) reached\))?",
         job["last_cause"],
     ), job["last_cause"]

@@ -12,6 +12,8 @@ loaded) wait for the script's own imports:
   own BackupAndRestore is among its callbacks, the preemption callback); every optimizer made
   is remembered, and a thread reads its `iterations` every half second: the step signal of a
   custom training loop, read off the training thread (no device sync on the training step).
+- `tf.train.Checkpoint`'s writes and reads: the whole step at each checkpoint a custom loop
+  writes, so that a resumed attempt's STEP goes on from it (worker.checkpoint_steps).
 
 Each hook is wrapped so that a failure in it is reported once and never breaks the script.
 """
@@ -40,8 +42,9 @@ from worker.callbacks import (
     preemption_callback_class,
     progress_callback_class,
 )
+from worker.checkpoint_steps import CheckpointSteps, Mark, steps_to_add
 from worker.progress import ProgressWriter, StepRate, read_counter
-from worker.spec import ENV_TIME_WAITS, Phase, StepSignal
+from worker.spec import ENV_TASK_DIR, ENV_TIME_WAITS, Phase, StepSignal
 
 OPTIMIZER_POLL_SECONDS = 0.5
 _MARK = "_orchestrate_wrapped"
@@ -124,6 +127,11 @@ class Instrumentation:
         self._fit_seen = threading.Event()  # Keras fit reports steps itself from then on
         self._stop = threading.Event()
         self._first_iterations: int | None = None  # the optimizers' count when first read
+        # A custom loop's steps before the optimizers' count began (a restored checkpoint
+        # that left the optimizer out); a restore's mark until the optimizers can be read.
+        self._steps_before = 0
+        self._restored: Mark | None = None
+        self._checkpoint_steps: CheckpointSteps | None = None
 
     def finder(self) -> PostImportFinder:
         return PostImportFinder(
@@ -144,7 +152,7 @@ class Instrumentation:
         self._poller.join(timeout=2 * OPTIMIZER_POLL_SECONDS)
         value = self._iterations()
         if value is not None and value != self._first_iterations:
-            self.writer.update(force=True, step=value, phase=Phase.FINISHED)
+            self.writer.update(force=True, step=self._whole_step(value), phase=Phase.FINISHED)
         elif self.writer.current.phase == Phase.TRAINING:
             self.writer.update(force=True, phase=Phase.FINISHED)
 
@@ -160,6 +168,10 @@ class Instrumentation:
             leader_wait.install(tf)
         except Exception as exc:  # another TensorFlow's internals: it connects as it would
             _warn("waiting for the coordination leader", exc)
+        try:
+            self._wrap_checkpoints(tf.train.Checkpoint)
+        except Exception as exc:  # another TensorFlow's internals: STEP counts per attempt
+            _warn("checkpoints", exc)
         if self.writer.current.phase in (Phase.NONE, Phase.STARTING):
             self.writer.phase(Phase.IMPORTED)
         strategy_class = tf.distribute.MultiWorkerMirroredStrategy
@@ -299,9 +311,67 @@ class Instrumentation:
                 force=True,
                 phase=Phase.TRAINING,
                 step_signal=StepSignal.OPTIMIZER,
-                step=value,
+                step=self._whole_step(value),
                 steps_per_sec=rate.current(),
             )
+
+    def _whole_step(self, iterations: int) -> int:
+        restored, self._restored = self._restored, None
+        if restored is not None:  # the optimizers could not be read when it was restored
+            self._steps_before = steps_to_add(restored, iterations)
+        return self._steps_before + iterations
+
+    # --- checkpoints (a custom loop's step across attempts) ------------------------------
+    def _wrap_checkpoints(self, checkpoint_class: Any) -> None:
+        """Each checkpoint written (save, write, a CheckpointManager's: all through `_write`)
+        marks the whole step; a restore (restore calls read) takes the count from its mark."""
+        name = "_write" if hasattr(checkpoint_class, "_write") else "write"
+        write, read = getattr(checkpoint_class, name), checkpoint_class.read
+        if getattr(read, _MARK, False):
+            return
+        self._checkpoint_steps = CheckpointSteps(os.environ.get(ENV_TASK_DIR))
+        instrumentation = self
+
+        @functools.wraps(write)
+        def wrapped_write(checkpoint: Any, *args: Any, **kwargs: Any) -> Any:
+            path = write(checkpoint, *args, **kwargs)
+            instrumentation._after_checkpoint(instrumentation._written, path)
+            return path
+
+        @functools.wraps(read)
+        def wrapped_read(checkpoint: Any, *args: Any, **kwargs: Any) -> Any:
+            status = read(checkpoint, *args, **kwargs)
+            save_path = args[0] if args else kwargs.get("save_path")
+            instrumentation._after_checkpoint(instrumentation._read, save_path)
+            return status
+
+        for wrapped in (wrapped_write, wrapped_read):
+            setattr(wrapped, _MARK, True)
+        setattr(checkpoint_class, name, wrapped_write)
+        checkpoint_class.read = wrapped_read
+
+    def _after_checkpoint(self, what: Callable[[str], None], path: Any) -> None:
+        if self._fit_seen.is_set() or not isinstance(path, str | os.PathLike):
+            return  # fit counts its own steps; a graph-mode tensor names no file yet
+        try:
+            what(os.fspath(path))
+        except Exception as exc:  # ours, never the script's
+            _warn("checkpoints", exc)
+
+    def _written(self, path: str) -> None:
+        iterations = self._iterations()
+        if iterations is not None and self._checkpoint_steps is not None:
+            self._checkpoint_steps.wrote(path, self._whole_step(iterations), iterations)
+
+    def _read(self, path: str) -> None:
+        mark = self._checkpoint_steps.at(path) if self._checkpoint_steps else None
+        if mark is None:
+            return
+        iterations = self._iterations()
+        if iterations is None:  # no optimizer made yet: decided on its first count
+            self._restored = mark
+        else:
+            self._steps_before, self._restored = steps_to_add(mark, iterations), None
 
 
 def own_cluster_address(strategy: Any, tf_config: str) -> str:
