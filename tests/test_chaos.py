@@ -39,3 +39,5 @@ def test_the_quick_chaos_soak_recovers_from_every_fault_with_no_violation(tmp_pa
     assert 1.0 < run["cold_start_s"] < 120, run["cold_start_s"]
     counted = [f for f in run["faults"] if f["budget_spent"] >= 1]  # a preemption waits none
     assert all(f["backoff_s"] is not None and f["backoff_s"] >= 0.5 for f in counted), counted
+    # Each restart's starts, warm or cold, as both agents said them in the log.
+    assert all(f["warm"] is not None and f["tasks"] == 2 for f in counted), counted

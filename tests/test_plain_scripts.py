@@ -92,8 +92,8 @@ def test_a_plain_fit_script_reports_progress_outlives_the_deadline_and_checkpoin
 ) -> None:
     backup = tmp_path / "shared" / "backup"
     path = plain_config(
-        tmp_path, PLAIN_FIT, ["--epochs", "40", "--backup-dir", str(backup), "--step-delay", "0.03"],
-        supervision="startup_deadline = 40.0", restart="preemption_exit_code = 43",
+        tmp_path, PLAIN_FIT, ["--epochs", "30", "--backup-dir", str(backup), "--step-delay", "0.03"],
+        supervision="startup_deadline = 25.0", restart="preemption_exit_code = 43",
     )  # fmt: skip
     job_id = launch_detached(cli, path, reap_pids)
 
@@ -104,10 +104,10 @@ def test_a_plain_fit_script_reports_progress_outlives_the_deadline_and_checkpoin
     for task in job["tasks"]:
         assert task["phase"] == "training" and task["step_signal"] == "keras"
         assert task["steps_observed"] and task["epoch"] >= 1
-        assert (task["total_epochs"], task["steps_per_epoch"]) == (40, 28)
+        assert (task["total_epochs"], task["steps_per_epoch"]) == (30, 28)
     wait_for(lambda: job_view(cli, job_id)["tasks"][0]["eta_seconds"] is not None, 30)
     # Past the startup deadline, still running: a healthy plain script is not stopped.
-    job = wait_while_running(cli, job_id, reap_pids, lambda j: j["wall_seconds"] > 42)
+    job = wait_while_running(cli, job_id, reap_pids, lambda j: j["wall_seconds"] > 27)
     assert not _deadline_failures(job), job["events"]
 
     # Preemption: SIGTERM to one trainer; it checkpoints at the epoch's end, every worker exits
@@ -119,10 +119,10 @@ def test_a_plain_fit_script_reports_progress_outlives_the_deadline_and_checkpoin
     restart = next(e["message"] for e in job["events"] if e["kind"] == "restart")
     assert "preempted: restart not counted" in restart and "exited with code 43" in restart
     assert all(t["initial_epoch"] > 0 for t in job["tasks"])  # the script's own checkpoint
-    # One step count across the resume: the chief ran every step of 40 epochs of 28, the
+    # One step count across the resume: the chief ran every step of 30 epochs of 28, the
     # epochs before the preemption counted from its checkpoint (not only this attempt's).
     chief = job["tasks"][0]
-    assert chief["step"] == 40 * 28, chief
+    assert chief["step"] == 30 * 28, chief
     assert chief["phase"] == "finished"
     log = (tmp_path / "shared" / job_id / "logs" / "worker-1.log").read_text()
     assert re.search(r"preempted: checkpointed epoch \d+, exiting with 43", log)

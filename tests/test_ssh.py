@@ -655,7 +655,7 @@ def test_a_host_cut_off_for_less_than_host_wait_is_waited_for_and_costs_one_rest
     stops within seconds, the relaunch waits for the host without spending restarts, and the
     job resumes from its last epoch and succeeds."""
     sections = "[supervision]\nstop_grace = 2.0\n\n[restart]\nmax_restarts = 2\nbackoff = 0.5\n"
-    path = plain_training_toml(bed, tmp_path, 12, sections)
+    path = plain_training_toml(bed, tmp_path, 9, sections)
     path.write_text(path.read_text().replace("connect_timeout = 5.0", "connect_timeout = 2.0"))
     victim = bed.hosts[2]
     proc, running = launch_and_wait_for_epoch(cli, path, 3)

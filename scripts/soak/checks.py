@@ -72,6 +72,8 @@ class Fault:
     resumed_at_epoch: int | None = None
     budget_spent: int = 0
     backoff_s: float | None = None  # the restart's configured wait, reported apart
+    warm: int | None = None  # tasks of the attempt that followed started in a warm standby
+    tasks: int = 0
     violations: list[str] = field(default_factory=list)
 
 
@@ -242,6 +244,7 @@ def check_fault(cli: Cli, fault: Fault, before: dict[str, Any]) -> None:
              if e["kind"] == "restart" and e["ts"] >= fault.at]  # fmt: skip
     fault.backoff_s = sum(float(w[1]) for w in waits if w) if waits else None
     fault.resumed_at_epoch = min(t["initial_epoch"] for t in resumed["tasks"])
+    fault.warm, fault.tasks = warm_starts(resumed), len(resumed["tasks"])
     if fault.resumed_at_epoch < fault.epoch_before:
         fault.violations.append(
             f"resumed at epoch {fault.resumed_at_epoch}, below the last completed "
@@ -265,6 +268,35 @@ def check_fault(cli: Cli, fault: Fault, before: dict[str, Any]) -> None:
     # Overlapped, the kill may be seen first: then it is a failure, and spends one restart.
     if fault.kind in PREEMPTIONS and not counted and not (fault.overlap and fault.budget_spent):
         fault.violations.append("a preemption was not counted as one")
+
+
+ATTEMPT_LINE = re.compile(r"\[orchestrate\] attempt (\d+): ")
+
+
+def warm_starts(view: dict[str, Any], timeout: float = 10.0) -> int | None:
+    """How many tasks of the view's attempt started in a warm standby, by their agents' own
+    lines in the durable logs (copied a moment after they are written); None: not all seen."""
+    logs = Path(view["job_dir"]) / "logs"
+
+    def said() -> list[bool] | None:
+        seen = []
+        for t in view["tasks"]:
+            try:
+                text = (logs / f"{t['type']}-{t['index']}.log").read_bytes()[-2_000_000:]
+            except OSError:
+                return None
+            parts = ATTEMPT_LINE.split(text.decode("utf-8", "replace"))
+            # [before, n, text of attempt n, m, text of attempt m, ...]: this attempt's text
+            mine = [parts[i + 1] for i in range(1, len(parts) - 1, 2)
+                    if int(parts[i]) == view["attempt"]]  # fmt: skip
+            if not mine or not ("warm start:" in mine[-1] or "cold start" in mine[-1]
+                                or "no warm standby" in mine[-1]):  # fmt: skip
+                return None
+            seen.append("warm start:" in mine[-1])
+        return seen
+
+    found = wait(said, timeout, interval=0.5)
+    return sum(found) if found else None
 
 
 def where(cli: Cli, fault: Fault) -> str:

@@ -8,8 +8,10 @@ import contextlib
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -259,7 +261,15 @@ def end_job(cli: Cli, job: str, root: Path, name: str) -> list[str]:
             problems.append(f"{job}: worker-{t['index']} shown stopped, {t['pid']} runs")
     if not wait(lambda: not job_processes(job), 15):
         problems.append(f"{job}: processes left 15 s after the end: {job_processes(job)}")
-    problems += check_numbered_lines(cli, job, root / "shared" / f"truth-{name}")
+    lost_or_doubled = check_numbered_lines(cli, job, root / "shared" / f"truth-{name}")
+    if lost_or_doubled:  # the evidence outlives the run's directory: logs, events, truth
+        kept = Path(tempfile.gettempdir()) / f"chaos-kept-{job}"
+        with contextlib.suppress(OSError, shutil.Error):
+            shutil.copytree(final["job_dir"], kept, dirs_exist_ok=True)
+            shutil.copytree(root / "shared" / f"truth-{name}", kept / "truth", dirs_exist_ok=True)
+            (kept / "status.json").write_text(json.dumps(final, indent=1))
+            lost_or_doubled.append(f"{job}: its logs, events and truth kept in {kept}")
+    problems += lost_or_doubled
     if max(t["epoch"] for t in final["tasks"]) >= 2:  # an epoch completed: its checkpoint
         problems += check_checkpoint_loads(root / "shared" / f"backup-{name}")
     return problems

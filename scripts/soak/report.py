@@ -57,6 +57,8 @@ def rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "overlapped": sum(1 for f in faults if f["overlap"]),
             "detected": detected, "recovered": recovered, "backoff": backoffs, "ratios": ratios,
             "budget": sum(f["budget_spent"] for f in faults),
+            # recoveries whose every task started in a standby, of those whose starts were seen
+            "warm": [f["warm"] == f["tasks"] for f in faults if f.get("warm") is not None],
             "violations": sum(len(f["violations"]) for f in faults),
         })  # fmt: skip
     return table
@@ -75,7 +77,9 @@ def markdown(runs: list[dict[str, Any]], table: list[dict[str, Any]]) -> str:
         "*Backoff* is the restarts' configured wait, median; *vs cold start* is the recovery",
         "(a hang's from the watchdog's verdict) less that backoff, over the cold start measured",
         "in the same run (two workers started by hand to their first step), median / 95th",
-        "percentile.",
+        "percentile. *Warm* counts the recoveries whose every task started in a warm standby",
+        "(its agent's line in the log; one that waited for the standby's import counts),",
+        "of those whose starts were seen.",
         "",
         "| backend | seed | faults | per job | violations | minutes | cold start (s) |",
         "|---|---|---|---|---|---|---|",
@@ -91,19 +95,39 @@ def markdown(runs: list[dict[str, Any]], table: list[dict[str, Any]]) -> str:
         f"{total} faults in all.",
         "",
         "| backend | fault kind | count | overlapped | detected (s) | recovered (s) | backoff "
-        "(s) | vs cold start | budget | violations |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "(s) | vs cold start | warm | budget | violations |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]  # fmt: skip
     for r in table:
         backoff = f"{statistics.median(r['backoff']):.2f}" if r["backoff"] else "-"
+        warm = f"{sum(r['warm'])} of {len(r['warm'])}" if r["warm"] else "-"
         lines.append(f"| {r['backend']} | `{r['kind']}` | {r['count']} | {r['overlapped']} | "
                      f"{_span(r['detected'])} | {_span(r['recovered'])} | {backoff} | "
-                     f"{_ratios(r['ratios'])} | {r['budget']} | {r['violations']} |")  # fmt: skip
+                     f"{_ratios(r['ratios'])} | {warm} | {r['budget']} | "
+                     f"{r['violations']} |")  # fmt: skip
     lines += ["", "Violations of a whole job (not of one fault), as the runs recorded them:", ""]
     lines += [f"- {run['backend']}: {v}" for run in runs for v in run["violations"]
               if not v.startswith("fault ")] or ["- none"]  # fmt: skip
     lines += ["", "![detection and recovery per fault kind](results.png)", ""]
     return "\n".join(lines)
+
+
+def beside(before: list[dict[str, Any]], table: list[dict[str, Any]], where: str) -> str:
+    """The recovery medians of earlier runs (`where` they are kept) beside this table's."""
+    earlier = {(r["backend"], r["kind"]): r for r in rows(before)}
+    lines = [
+        f"## Beside the earlier runs ([{where}]({where}))",
+        "",
+        "| backend | fault kind | recovered then (s) | now (s) | count then / now |",
+        "|---|---|---|---|---|",
+    ]
+    for r in table:
+        then = earlier.get((r["backend"], r["kind"]))
+        if not r["recovered"] or then is None or not then["recovered"]:
+            continue
+        lines.append(f"| {r['backend']} | `{r['kind']}` | {_span(then['recovered'])} | "
+                     f"{_span(r['recovered'])} | {then['count']} / {r['count']} |")  # fmt: skip
+    return "\n".join(lines) + "\n"
 
 
 def chart(table: list[dict[str, Any]], path: Path) -> None:

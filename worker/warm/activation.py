@@ -92,6 +92,7 @@ class KeeperLink:
         self.lost = threading.Event()
         self.keeper_pid = 0
         self.closed = False
+        self.import_waited = 0.0  # seconds an activation waited for the standby's import
         threading.Thread(target=self._read, daemon=True).start()
 
     @classmethod
@@ -168,9 +169,10 @@ class KeeperLink:
         ready (IMPORT_PATIENCE at most, or until `give_up` is set). A pid the keeper names is
         verified before it becomes a trainer; one that fails the check closes this link (the
         keeper is not trusted)."""
-        deadline = time.monotonic() + IMPORT_PATIENCE
+        began = time.monotonic()
+        deadline, asked = began + IMPORT_PATIENCE, 0
         while True:
-            reply = self.request({"op": "activate", **order})
+            reply, asked = self.request({"op": "activate", **order}), asked + 1
             waiting = reply.get("importing") is True and time.monotonic() < deadline
             if not waiting or (give_up is not None and give_up.wait(IMPORT_POLL)):
                 break
@@ -183,6 +185,7 @@ class KeeperLink:
         if problem:  # never signalled, never recorded
             self.close()
             return None, problem
+        self.import_waited = time.monotonic() - began if asked > 1 else 0.0
         try:
             return WarmTrainer(int(pid), self), ""  # type: ignore[arg-type]
         except OSError as exc:

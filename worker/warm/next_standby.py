@@ -68,10 +68,12 @@ class AgentStandby:
             spec.job_id, spec.task_index, order, self.ready, keep, self._stop
         )
         if trainer is None:
-            if problem:
-                self._note(f"cold start: {problem}")
+            if problem or spec.attempt > 0:  # a restart says why it is cold
+                self._note(f"cold start: {problem or 'no standby was prepared on this host'}")
             return None
-        self._note(f"warm start: the standby (pid {trainer.pid}) runs the entrypoint")
+        waited = trainer.link.import_waited
+        after = f" (after {waited:.1f}s waiting for its TensorFlow import)" if waited >= 0.1 else ""
+        self._note(f"warm start: the standby (pid {trainer.pid}) runs the entrypoint{after}")
         if spec.container:  # the trainer is in the keeper's container: named for this attempt
             runtime = str(spec.container["runtime"])
             threading.Thread(
