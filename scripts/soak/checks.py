@@ -74,6 +74,7 @@ class Fault:
     backoff_s: float | None = None  # the restart's configured wait, reported apart
     warm: int | None = None  # tasks of the attempt that followed started in a warm standby
     tasks: int = 0
+    import_wait_s: float | None = None  # the longest a warm start waited for its standby
     violations: list[str] = field(default_factory=list)
 
 
@@ -244,7 +245,11 @@ def check_fault(cli: Cli, fault: Fault, before: dict[str, Any]) -> None:
              if e["kind"] == "restart" and e["ts"] >= fault.at]  # fmt: skip
     fault.backoff_s = sum(float(w[1]) for w in waits if w) if waits else None
     fault.resumed_at_epoch = min(t["initial_epoch"] for t in resumed["tasks"])
-    fault.warm, fault.tasks = warm_starts(resumed), len(resumed["tasks"])
+    starts = warm_starts(resumed)
+    fault.tasks = len(resumed["tasks"])
+    if starts is not None:
+        waits = [w for w in starts if w is not None]
+        fault.warm, fault.import_wait_s = len(waits), max(waits, default=None)
     if fault.resumed_at_epoch < fault.epoch_before:
         fault.violations.append(
             f"resumed at epoch {fault.resumed_at_epoch}, below the last completed "
@@ -271,14 +276,16 @@ def check_fault(cli: Cli, fault: Fault, before: dict[str, Any]) -> None:
 
 
 ATTEMPT_LINE = re.compile(r"\[orchestrate\] attempt (\d+): ")
+WAITED = re.compile(r"warm start: .*\(after ([0-9.]+)s waiting")
 
 
-def warm_starts(view: dict[str, Any], timeout: float = 10.0) -> int | None:
-    """How many tasks of the view's attempt started in a warm standby, by their agents' own
-    lines in the durable logs (copied a moment after they are written); None: not all seen."""
+def warm_starts(view: dict[str, Any], timeout: float = 10.0) -> list[float | None] | None:
+    """How each task of the view's attempt started, by its agent's own lines in the durable
+    logs (copied a moment after they are written): the seconds a warm start waited for its
+    standby's import (0.0: ready), None for a cold start; None: not all seen."""
     logs = Path(view["job_dir"]) / "logs"
 
-    def said() -> list[bool] | None:
+    def said() -> list[float | None] | None:
         seen = []
         for t in view["tasks"]:
             try:
@@ -292,11 +299,12 @@ def warm_starts(view: dict[str, Any], timeout: float = 10.0) -> int | None:
             if not mine or not ("warm start:" in mine[-1] or "cold start" in mine[-1]
                                 or "no warm standby" in mine[-1]):  # fmt: skip
                 return None
-            seen.append("warm start:" in mine[-1])
+            waited = WAITED.search(mine[-1])
+            warm = "warm start:" in mine[-1]
+            seen.append((float(waited[1]) if waited else 0.0) if warm else None)
         return seen
 
-    found = wait(said, timeout, interval=0.5)
-    return sum(found) if found else None
+    return wait(said, timeout, interval=0.5)  # type: ignore[no-any-return]
 
 
 def where(cli: Cli, fault: Fault) -> str:

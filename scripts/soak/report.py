@@ -59,6 +59,7 @@ def rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "budget": sum(f["budget_spent"] for f in faults),
             # recoveries whose every task started in a standby, of those whose starts were seen
             "warm": [f["warm"] == f["tasks"] for f in faults if f.get("warm") is not None],
+            "waited": [f["import_wait_s"] for f in faults if f.get("import_wait_s") is not None],
             "violations": sum(len(f["violations"]) for f in faults),
         })  # fmt: skip
     return table
@@ -79,7 +80,8 @@ def markdown(runs: list[dict[str, Any]], table: list[dict[str, Any]]) -> str:
         "in the same run (two workers started by hand to their first step), median / 95th",
         "percentile. *Warm* counts the recoveries whose every task started in a warm standby",
         "(its agent's line in the log; one that waited for the standby's import counts),",
-        "of those whose starts were seen.",
+        "of those whose starts were seen; *waited* the longest a warm start waited for its",
+        "standby's TensorFlow import in each recovery, median / worst.",
         "",
         "| backend | seed | faults | per job | violations | minutes | cold start (s) |",
         "|---|---|---|---|---|---|---|",
@@ -95,15 +97,15 @@ def markdown(runs: list[dict[str, Any]], table: list[dict[str, Any]]) -> str:
         f"{total} faults in all.",
         "",
         "| backend | fault kind | count | overlapped | detected (s) | recovered (s) | backoff "
-        "(s) | vs cold start | warm | budget | violations |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "(s) | vs cold start | warm | waited (s) | budget | violations |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]  # fmt: skip
     for r in table:
         backoff = f"{statistics.median(r['backoff']):.2f}" if r["backoff"] else "-"
         warm = f"{sum(r['warm'])} of {len(r['warm'])}" if r["warm"] else "-"
         lines.append(f"| {r['backend']} | `{r['kind']}` | {r['count']} | {r['overlapped']} | "
                      f"{_span(r['detected'])} | {_span(r['recovered'])} | {backoff} | "
-                     f"{_ratios(r['ratios'])} | {warm} | {r['budget']} | "
+                     f"{_ratios(r['ratios'])} | {warm} | {_span(r['waited'])} | {r['budget']} | "
                      f"{r['violations']} |")  # fmt: skip
     lines += ["", "Violations of a whole job (not of one fault), as the runs recorded them:", ""]
     lines += [f"- {run['backend']}: {v}" for run in runs for v in run["violations"]

@@ -12,6 +12,8 @@ from scripts.soak.report import beside, markdown, rows
 ATTEMPT_0 = "[orchestrate] attempt 0: worker-{i} on local starting\nstep 1\n"
 WARM = "[orchestrate] attempt 1: worker-{i} on local starting\n[orchestrate] warm start: the " \
        "standby (pid 12) runs the entrypoint (after 2.1s waiting for its TensorFlow import)\n"  # fmt: skip
+READY = "[orchestrate] attempt 1: worker-{i} on local starting\n[orchestrate] warm start: the " \
+        "standby (pid 13) runs the entrypoint\n"  # fmt: skip
 COLD = "[orchestrate] attempt 1: worker-{i} on local starting\n[orchestrate] cold start: no " \
        "standby was prepared on this host\n"  # fmt: skip
 
@@ -25,8 +27,9 @@ def _view(tmp_path: Path, texts: list[str], attempt: int = 1) -> dict:
 
 
 def test_each_tasks_start_is_read_from_its_own_attempt(tmp_path: Path) -> None:
-    assert warm_starts(_view(tmp_path, [ATTEMPT_0 + WARM, ATTEMPT_0 + WARM])) == 2
-    assert warm_starts(_view(tmp_path, [ATTEMPT_0 + WARM, ATTEMPT_0 + COLD])) == 1
+    # Each task: the seconds its warm start waited for the standby's import, None: cold.
+    assert warm_starts(_view(tmp_path, [ATTEMPT_0 + WARM, ATTEMPT_0 + READY])) == [2.1, 0.0]
+    assert warm_starts(_view(tmp_path, [ATTEMPT_0 + WARM, ATTEMPT_0 + COLD])) == [2.1, None]
     # Attempt 2 not logged yet (or a garbage log): not seen, never guessed.
     assert warm_starts(_view(tmp_path, [ATTEMPT_0 + WARM] * 2, attempt=2), timeout=0.1) is None
     garbage = _view(tmp_path, ["\x00\xff [orchestrate] attempt x: " * 50] * 2)
@@ -37,11 +40,12 @@ def test_the_report_counts_recoveries_whose_every_task_started_warm() -> None:
     fault = {"kind": "trainer_kill", "overlap": "", "detected_s": 0.1, "recovered_s": 2.0,
              "backoff_s": 0.5, "budget_spent": 1, "violations": [], "tasks": 2}  # fmt: skip
     run = {"backend": "local", "seed": 1, "per_job": 5, "seconds": 60, "cold_start_s": 4.0,
-           "violations": [], "faults": [{**fault, "warm": 2}, {**fault, "warm": 1},
+           "violations": [], "faults": [{**fault, "warm": 2, "import_wait_s": 2.0},
+                                        {**fault, "warm": 1, "import_wait_s": 0.0},
                                         {**fault, "warm": None}]}  # fmt: skip
     table = rows([run])
     assert table[0]["warm"] == [True, False]
-    assert "| 1 of 2 |" in markdown([run], table)
+    assert "| 1 of 2 | 1.00 / 2.00 |" in markdown([run], table)
 
 
 def test_earlier_runs_recoveries_stand_beside_the_new_ones() -> None:
