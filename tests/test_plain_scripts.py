@@ -70,11 +70,12 @@ def wait_while_running(
     reap: list[int],
     ready: Callable[[dict], bool],
     interval: float = 0.5,
+    states: tuple[str, ...] = ("launching", "running"),
 ) -> dict:
     def check() -> dict | None:
         job = job_view(cli, job_id)
         reap.extend(p for t in job["tasks"] for p in (agent_pid(t["agent"]), t["pid"]) if p)
-        assert job["state"] in ("launching", "running"), job["last_cause"]
+        assert job["state"] in states, job["last_cause"]
         return job if ready(job) else None
 
     return wait_for(check, 180, interval=interval)  # type: ignore[return-value]
@@ -178,7 +179,14 @@ def test_a_plain_custom_loop_reports_steps_and_outlives_the_deadline(
             t["attempt"] == j["attempt"] and t["phase"] == "training" for t in j["tasks"]
         )
 
-    job = wait_while_running(cli, job_id, reap_pids, resumed, interval=0.2)
+    job = wait_while_running(
+        cli,
+        job_id,
+        reap_pids,
+        resumed,
+        interval=0.2,
+        states=("stopping", "restarting", "launching", "running"),  # the restart on its way
+    )
     # STEP goes on from the checkpoint's whole step, not from the new optimizer's 0.
     assert all(t["step"] >= saved for t in job["tasks"]), (saved, job["tasks"])
     job = wait_for_end(cli, job_id, timeout=300)

@@ -3,10 +3,11 @@ resumed attempt's STEP goes on from there even when the script's checkpoint leav
 optimizer out (TensorFlow's multi-worker custom-loop tutorial checkpoints its own `epoch` and
 `step_in_epoch`, and the optimizer's iterations start again at 0).
 
-Each trainer keeps its own marks in its task directory (a file only it writes and reads),
-keyed by the checkpoint's file name: saving is collective under MWMS, so every task's n-th
-checkpoint has the same name, the chief's and a worker's scratch copy alike. The file is
-bounded and read defensively; garbage in it is an empty record, never a failed script.
+Each trainer keeps its own marks in its task directory (a file only it writes), keyed by the
+checkpoint's file name: saving is collective under MWMS, so every task's n-th checkpoint has
+the same name, the chief's and a worker's scratch copy alike. A task killed before it marked a
+checkpoint another task wrote reads that task's mark. The files are bounded and read
+defensively; garbage in them is no mark, never a failed script.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from worker.atomic import write_json_atomic
 FILE_NAME = "steps-at-checkpoints.json"
 KEEP = 64  # the newest marks; a resume reads one of the last few checkpoints
 MAX_BYTES = 64 * 1024
+PEERS = 8  # other tasks' marks read when this task has none of a restored checkpoint
 
 
 @dataclass(frozen=True)
@@ -43,7 +45,7 @@ class CheckpointSteps:
 
     def __init__(self, task_dir: str | None) -> None:
         self._path = os.path.join(task_dir, FILE_NAME) if task_dir else None
-        self._marks = self._load()
+        self._marks = _read_marks(self._path) if self._path else {}
 
     def wrote(self, checkpoint_path: str, step: int, iterations: int) -> None:
         if self._path is None:
@@ -59,24 +61,44 @@ class CheckpointSteps:
             write_json_atomic(self._path, marks, 0o600)
 
     def at(self, checkpoint_path: str) -> Mark | None:
-        return self._marks.get(os.path.basename(checkpoint_path))
+        """This task's mark of the checkpoint; else another task's of the same job (one killed
+        between another task's save and its own mark: tasks step in lockstep under MWMS, so
+        every task's mark of one checkpoint holds the same whole step)."""
+        name = os.path.basename(checkpoint_path)
+        mark = self._marks.get(name)
+        for peer in self._peers() if mark is None else []:
+            if (mark := _read_marks(peer).get(name)) is not None:
+                break
+        return mark
 
-    def _load(self) -> dict[str, Mark]:
+    def _peers(self) -> list[str]:
+        """The marks of the job's first other tasks (worker 0, the chief, first)."""
         if self._path is None:
-            return {}
+            return []
+        tasks = os.path.dirname(os.path.dirname(self._path))
         try:
-            with open(self._path, "rb") as fh:
-                raw = json.loads(fh.read(MAX_BYTES + 1)[:MAX_BYTES])
-        except (OSError, ValueError):
-            return {}
-        if not isinstance(raw, dict):
-            return {}
-        marks: dict[str, Mark] = {}
-        for name, value in list(raw.items())[-KEEP:]:
-            if (
-                isinstance(value, list)
-                and len(value) == 2
-                and all(type(v) is int and 0 <= v < 2**62 for v in value)
-            ):
-                marks[str(name)[:255]] = Mark(value[0], value[1])
-        return marks
+            names = sorted((n for n in os.listdir(tasks) if n.isdigit()), key=int)
+        except OSError:
+            return []
+        paths = [os.path.join(tasks, n, FILE_NAME) for n in names[: PEERS + 1]]
+        return [p for p in paths if p != self._path][:PEERS]
+
+
+def _read_marks(path: str) -> dict[str, Mark]:
+    """A marks file, bounded; garbage in it is no mark."""
+    try:
+        with open(path, "rb") as fh:
+            raw = json.loads(fh.read(MAX_BYTES + 1)[:MAX_BYTES])
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(raw, dict):
+        return {}
+    marks: dict[str, Mark] = {}
+    for name, value in list(raw.items())[-KEEP:]:
+        if (
+            isinstance(value, list)
+            and len(value) == 2
+            and all(type(v) is int and 0 <= v < 2**62 for v in value)
+        ):
+            marks[str(name)[:255]] = Mark(value[0], value[1])
+    return marks

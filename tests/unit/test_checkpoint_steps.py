@@ -56,3 +56,18 @@ def test_no_task_directory_keeps_nothing(tmp_path: Path) -> None:
     steps = CheckpointSteps(None)
     steps.wrote("ckpt-1", 10, 10)
     assert steps.at("ckpt-1") is None and not os.listdir(tmp_path)
+
+
+def test_a_task_that_never_marked_a_checkpoint_reads_another_tasks_mark(tmp_path: Path) -> None:
+    # worker-1 was killed after the chief's save of ckpt-9, before its own mark of it.
+    chief, worker = tmp_path / "tasks" / "0", tmp_path / "tasks" / "1"
+    chief.mkdir(parents=True)
+    worker.mkdir()
+    CheckpointSteps(str(chief)).wrote("/shared/ckpt/ckpt-9", 900, 200)
+    CheckpointSteps(str(worker)).wrote("/shared/ckpt/tmp-1/ckpt-8", 800, 100)
+    again = CheckpointSteps(str(worker))
+    assert again.at("/shared/ckpt/ckpt-9") == Mark(900, 200)
+    assert again.at("/shared/ckpt/tmp-1/ckpt-8") == Mark(800, 100)  # its own first
+    assert again.at("ckpt-10") is None
+    (chief / FILE_NAME).write_bytes(b"\x00garbage")  # another task's file: garbage is no mark
+    assert again.at("/shared/ckpt/ckpt-9") is None
