@@ -731,6 +731,12 @@ def test_a_host_cut_off_for_good_is_replaced_by_a_spare_and_the_job_finishes_the
     assert {h["name"]: h["role"] for h in job["hosts"]}[victim] == "quarantined"
     resumed = min(t["first_step_at"] for t in job["tasks"])
     print(f"\n[timing] link down to training resumed on a spare: {resumed - cut_at:.2f}s")
+    # The spare kept a standby for the task it took over, and a task that moved to the other
+    # host took the standby of the one that left it: every task restarted warm.
+    assert "h2 keeps 1 standby(s) warm as a spare" in events_text(cli, job["id"])
+    for task in job["tasks"]:
+        starts = cli("logs", job["id"], "--task", str(task["index"]), "--grep", "(warm|cold) start")
+        assert "warm start" in starts.out.splitlines()[-1], starts.out
 
 
 @pytest.mark.slow

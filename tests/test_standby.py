@@ -10,10 +10,14 @@ import os
 import subprocess
 import sys
 import threading
+from dataclasses import replace
 from pathlib import Path
 
 from tests.conftest import as_nobody, wait_for
+from worker.agent import trainer_env
 from worker.proctl import is_alive
+from worker.spec import Phase, WorkerSpec
+from worker.warm import registry
 from worker.warm.activation import (
     KEEPER,
     KeeperLink,
@@ -22,7 +26,10 @@ from worker.warm.activation import (
     verify_trainer,
     warm_start,
 )
-from worker.warm.registry import SOCKET_MIN_AGE, socket_path
+from worker.warm.imports_ahead import WARM_IMPORTS_FILE
+from worker.warm.next_standby import AgentStandby
+from worker.warm.registry import SOCKET_MIN_AGE, socket_path, spare_task
+from worker.warm.spare import keep_standbys
 from worker.warm.standby import ENV_STANDBY
 
 SCRIPT = """
@@ -339,3 +346,60 @@ def test_a_killed_keepers_socket_is_swept_as_the_next_keeper_starts(
                 keeper.terminate()  # a keeper that ends removes its own socket
                 keeper.wait(timeout=30)
     assert not Path(socket_path(job, 0)).exists()
+
+
+def test_a_spare_hosts_standby_is_remade_once_the_imports_are_known_and_a_task_moved_there_starts_in_it(
+    tmp_path: Path,
+) -> None:
+    """worker/warm/spare.py as the supervisor's visits run it: a keeper named by the spare slot,
+    its standby remade when a trainer has since recorded what it imports (and only then), and
+    the agent of a task moved to this host takes that standby (the keeper becomes the task's).
+    Two TensorFlow imports."""
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    job = f"spare-{os.getpid()}"
+    spec = WorkerSpec(
+        job_id=job, task_index=0, host_label="spare-host", tf_config={},
+        argv=[sys.executable, str(script)], workdir=str(tmp_path), shared_dir=str(tmp_path),
+        warm_restart=True, warm_imports=True, standby_linger=60.0,
+    )  # fmt: skip
+    task_dir = Path(spec.layout.task_dir(0))
+    task_dir.mkdir(parents=True)
+
+    def spare_standby() -> int:
+        """The spare keeper's ready standby's pid (0 until there is one)."""
+        ours = [e for e in registry.entries() if e.job == job and e.task == spare_task(0)]
+        return ours[0].standby if ours and ours[0].standby_ready else 0
+
+    notes: list[str] = []
+    try:
+        assert keep_standbys([spec]) == {"slots": 1, "notes": []}
+        first = wait_for(spare_standby, 120)
+        assert keep_standbys([spec])["notes"] == [] and spare_standby() == first  # a visit
+        (task_dir / WARM_IMPORTS_FILE).write_text(json.dumps({"modules": ["json.decoder"]}))
+        assert keep_standbys([spec])["notes"] == []  # the list is known: one that imports it
+        second = wait_for(lambda: spare_standby() not in (0, first) and spare_standby(), 120)
+        assert second and not is_alive(first)
+        keep_standbys([spec])
+        assert spare_standby() == second
+        # A task whose environment differs (another GPU) leaves it for one that matches.
+        other = wait_for(lambda: KeeperLink.connect(socket_path(job, spare_task(0)), print)[0], 10)
+        assert isinstance(other, KeeperLink)
+        reply = other.request({"op": "activate", "fingerprint": "another", "job_id": job,
+                               "task_index": 5, "env": {}, "target": [], "cwd": "/", "log": "/"})  # fmt: skip
+        assert reply == {"ok": False, "reason": "a standby made for another environment"}
+        other.close()
+        assert is_alive(second) and spare_standby() == second
+
+        moved = replace(spec, attempt=1, host_label="spare-host")
+        standby = AgentStandby(moved, trainer_env(moved), notes.append, threading.Event(),
+                               lambda: Phase.NONE)  # fmt: skip
+        trainer = standby.warm_start(str(tmp_path / "task.log"))
+        assert trainer is not None and trainer.pid == second, notes
+        assert trainer.wait(60) == 3
+        assert [e.task for e in registry.entries() if e.job == job] == [0]  # the task's now
+        assert "warm start" in notes[-1]
+        standby.close()
+    finally:
+        registry.release(job)
+    assert wait_for(lambda: not [e for e in registry.entries() if e.job == job], 30)

@@ -9,7 +9,7 @@ import runpy
 import sys
 import threading
 
-PROGRAMS = ("agent", "hostd", "slurm_task", "probe", "proctl")
+PROGRAMS = ("agent", "hostd", "slurm_task", "probe", "proctl", "warm.spare")
 
 if __name__ == "__main__":
     if not __package__:  # run as a directory: import the package from its parent

@@ -5,7 +5,9 @@ before the preflight (`prepare`) or before the first attempt's agents (`run_setu
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
+from dataclasses import asdict, replace
 from typing import Any
 
 from orchestrator.backends.agents import AgentTasks, start_agents
@@ -13,13 +15,14 @@ from orchestrator.backends.base import Launched, LaunchHooks, LaunchRequest, Swe
 from orchestrator.backends.capabilities import Capabilities
 from orchestrator.backends.preflight import HostReport, preflight
 from orchestrator.config import ClusterConfig
+from orchestrator.errors import TransportError
 from orchestrator.planning.gpus import summary
 from orchestrator.planning.plan import LaunchPlan, plan_on_hosts
 from orchestrator.state.store import JobRecord
 from orchestrator.transport.base import Transport
 from orchestrator.transport.fanout import HostResults, each
 from worker.container import job_runtime, sweep_argv
-from worker.spec import JobLayout
+from worker.spec import ENV_JOB_ID, JobLayout, WorkerSpec
 
 STANDBY_CALL_TIMEOUT = 30.0
 
@@ -96,6 +99,19 @@ class AgentHosts(AgentTasks):
                 "standbys", {"action": "release", "job_id": job_id}, timeout=STANDBY_CALL_TIMEOUT
             ),
         )
+
+    def keep_spare_warm(self, host_index: int, specs: Sequence[WorkerSpec]) -> None:
+        transport = self.transport(host_index)
+        label = transport.host_label
+        payload = json.dumps([asdict(replace(spec, host_label=label)) for spec in specs])
+        result = transport.run(
+            transport.worker_argv("warm.spare"),
+            env={ENV_JOB_ID: specs[0].job_id},  # a sweep of the job finds it
+            stdin=payload.encode(),
+            timeout=STANDBY_CALL_TIMEOUT,
+        )
+        if not result.ok:
+            raise TransportError(f"{label}: keeping standbys as a spare failed: {result.tail()}")
 
     def standbys(self, clear: bool) -> HostResults[int, list[dict[str, Any]]]:
         """What each host keeps (worker.warm.registry' entries); `clear`: end them first."""

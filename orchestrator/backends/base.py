@@ -141,6 +141,12 @@ class Backend(Protocol):
         user's next job (within the budget) or ends."""
         ...
 
+    def keep_spare_warm(self, host_index: int, specs: Sequence[WorkerSpec]) -> None:
+        """Have a spare host (in no attempt's group) keep a standby for each of `specs` (one
+        host's tasks), for the task that may move there; a visit, repeated while it stays a
+        spare. Raises OrchestrateError when the host does not answer."""
+        ...
+
     def standbys(self, clear: bool) -> HostResults[int, list[dict[str, Any]]]:
         """The standbys this user keeps between jobs on each host (worker.warm.registry' entries);
         `clear`: end them first."""

@@ -51,7 +51,7 @@ from orchestrator.transport.fanout import HostResults
 from orchestrator.transport.local import LocalTransport
 from worker import host_watch
 from worker.host_watch import file_stamp
-from worker.spec import ENV_JOB_ID, JobLayout
+from worker.spec import ENV_JOB_ID, JobLayout, WorkerSpec
 
 HELLO_TIMEOUT = 120.0  # seconds for every task of a step to introduce itself
 KEEPERS_STOP_GRACE = 5.0  # seconds for the keepers to end their standbys and exit
@@ -161,6 +161,9 @@ class SlurmHosts:
     def end_standbys(self, job_id: str) -> None:
         """End the keeper step: its keepers end their standbys (and nothing is kept)."""
         self.stop_keepers()
+
+    def keep_spare_warm(self, host_index: int, specs: Sequence[WorkerSpec]) -> None:
+        """Never asked: an allocation has no spare hosts (no elastic width)."""
 
     def start_keepers(self, config: ClusterConfig, job_id: str, layout: JobLayout) -> None:
         """The keeper step, unless it runs already in this run of the allocation: a keeper per

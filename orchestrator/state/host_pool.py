@@ -58,13 +58,19 @@ class HostPool:
     def with_role(self, role: HostRole) -> tuple[int, ...]:
         return tuple(i for i, h in enumerate(self.hosts) if h.role == role)
 
-    def spare_for(self, now: float) -> int | None:
-        """The first host that may replace a member now: a spare, or a quarantined host whose
+    def idle(self, now: float) -> tuple[int, ...]:
+        """The hosts that may replace a member now: spares, and quarantined hosts whose
         cool-down is over."""
-        for i, h in enumerate(self.hosts):
-            if h.role == HostRole.SPARE or (h.role == HostRole.QUARANTINED and h.until <= now):
-                return i
-        return None
+        return tuple(
+            i
+            for i, h in enumerate(self.hosts)
+            if h.role == HostRole.SPARE or (h.role == HostRole.QUARANTINED and h.until <= now)
+        )
+
+    def spare_for(self, now: float) -> int | None:
+        """The first host that may replace a member now."""
+        idle = self.idle(now)
+        return idle[0] if idle else None
 
     def lost_since(self, i: int) -> float:
         return self.hosts[i].since

@@ -63,6 +63,7 @@ class AttemptControl:
         self._leftovers: list[TaskHandle] = []  # agents of earlier attempts we could not stop
         self._starting: list[TaskHandle] = []  # agents started by a launch still under way
         self._record_lock = threading.Lock()
+        self.specs: list[WorkerSpec] = []  # the latest launch's, one per task
 
     # --- starting -----------------------------------------------------------------------
     def start(self, number: int, hosts: Sequence[int]) -> Attempt | None:
@@ -137,9 +138,10 @@ class AttemptControl:
         if number == 0 and not self.config.entrypoint.instrument:
             self.store.add_event(self.job_id, "notice", UNINSTRUMENTED_NOTICE)
             self.sink.info(UNINSTRUMENTED_NOTICE)
-        return make_specs(
+        self.specs = make_specs(
             self.config, plan, self.job_id, number, self.backend, since_launch, warm=self.ctx.warm
         )
+        return self.specs
 
     def record_agent(self, agent: TaskHandle) -> None:
         """An agent just started (on a launch thread): into the store at once, so that no

@@ -17,6 +17,8 @@ from orchestrator.planning.plan import host_labels, initial_hosts, task_slots
 from orchestrator.state.host_pool import REPLACE_AFTER_FAILURES, HostPool, HostRole
 from orchestrator.supervision.attempt import Attempt
 from orchestrator.supervision.observations import Decision, FailureKind, failure
+from orchestrator.supervision.warm_spares import WarmSpares
+from worker.spec import WorkerSpec
 
 if TYPE_CHECKING:
     from orchestrator.supervision.context import SupervisionContext
@@ -51,9 +53,13 @@ class Hosts:
         self._probed_at = float("-inf")
         self._back_at_epoch: int | None = None  # the chief's epoch when a dropped host came back
         self._executor: ThreadPoolExecutor | None = None
+        self.spares = WarmSpares(ctx.backend, self._idle, self.labels) if ctx.warm else None
         self._save()
 
     def close(self) -> None:
+        """No more probes or visits to spares (before the job's standbys are released)."""
+        if self.spares is not None:
+            self.spares.close()
         if self._executor is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)
 
@@ -68,8 +74,13 @@ class Hosts:
         return len(task_slots(self.config, hosts, self.gpu_counts))
 
     # --- after a failure ----------------------------------------------------------------
+    def _idle(self) -> tuple[int, ...]:
+        return self.pool.idle(time.time())
+
     def lost(self, attempt: Attempt) -> Decision | None:
         """A failure decision when some host's reads failed for host_timeout."""
+        for message in self.spares.said() if self.spares is not None else ():
+            self._event("spare", message)
         watch, now = attempt.watch, time.monotonic()
         lost = self.timing.lost_hosts({a.host_index for a in attempt.agents}, watch, now)
         if not lost:
@@ -148,8 +159,11 @@ class Hosts:
         delay, self._delay = self._delay, min(self._delay * 2, PROBE_BACKOFF[1])
         return delay
 
-    def launched(self, attempt: Attempt) -> None:
-        """An attempt started: its hosts answer, and its preflight counted their GPUs."""
+    def launched(self, attempt: Attempt, specs: list[WorkerSpec]) -> None:
+        """An attempt started: its hosts answer, and its preflight counted their GPUs; the
+        spares keep standbys for its tasks."""
+        if self.spares is not None:
+            self.spares.launched(specs)
         for h in attempt.hosts():
             self.pool = self.pool.reachable(h)
         self.gpu_counts.update(attempt.gpu_counts)

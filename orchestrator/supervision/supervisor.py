@@ -285,7 +285,7 @@ class Supervisor:
         if attempt is None:  # a stop was requested while the allocation waited
             return None
         self.queue = None  # its turn came: from now on it holds what it asked for
-        self.hosts.launched(attempt)
+        self.hosts.launched(attempt, self.attempts.specs)
         self.job_state.to(JobState.RUNNING, attempt=number)
         self.store.add_event(
             self.job.id, "launched", f"attempt {number}: {len(attempt.agents)} task(s) started"
@@ -389,6 +389,7 @@ class Supervisor:
 
     def _finish(self, state: JobState, cause: str) -> None:
         self._give_back(state == JobState.SUCCEEDED)  # before the job says so
+        self.hosts.close()  # no spare visited after its standbys are released
         self.attempts.end_standbys()
         self.job_state.to(state, last_cause=cause)
         self.store.add_event(self.job.id, state.value, cause)

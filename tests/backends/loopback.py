@@ -31,7 +31,7 @@ from orchestrator.planning.plan import plan_on_hosts
 from orchestrator.state.store import JobRecord
 from orchestrator.transport.fanout import HostResults, each
 from orchestrator.transport.local import LocalTransport
-from worker.spec import JobLayout
+from worker.spec import JobLayout, WorkerSpec
 
 
 class LoopbackSection(BackendSection):
@@ -102,6 +102,9 @@ class LoopbackHosts(AgentTasks):
 
     def end_standbys(self, job_id: str) -> None:
         self._called("end_standbys")
+
+    def keep_spare_warm(self, host_index: int, specs: Sequence[WorkerSpec]) -> None:
+        self._called(f"keep_spare_warm {host_index}")
 
     def standbys(self, clear: bool) -> HostResults[int, list[dict[str, Any]]]:
         self._called(f"standbys clear={clear}")

@@ -21,12 +21,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from worker.container import image_of, keeper_in_image
-from worker.spec import ENV_JOB_ID, WorkerSpec
-from worker.warm import imports_ahead
-from worker.warm.import_env import PER_JOB, import_relevant, undone_reason
+from worker.warm.import_env import PER_JOB, import_relevant
 from worker.warm.keeper import MAX_KEPT
-from worker.warm.registry import kept_socket_path, parent_of, room_for_standby, socket_path
+from worker.warm.registry import (
+    SPARE_SLOTS,
+    kept_socket_path,
+    parent_of,
+    socket_path,
+    spare_task,
+)
 from worker.warm.standby import ENV_STANDBY
 
 KEEPER = str(Path(__file__).resolve().with_name("keeper.py"))
@@ -209,18 +212,22 @@ def warm_start(
     on_standby: Callable[[int, int], None],
     keep: bool,
     give_up: threading.Event | None = None,
+    tasks: int = 0,
 ) -> tuple[WarmTrainer | None, KeeperLink | None, str]:
-    """This attempt's trainer from the task's own keeper or, when it has none yet (and `keep`),
-    from a standby kept from this user's last job under the same fingerprint: (the trainer,
-    the keeper, ''), or (None, the task's own keeper if any, why the start is cold; '' when
-    there was no keeper to ask)."""
+    """This attempt's trainer from the task's own keeper or, when it has none here (it moved
+    to this host), from one this host keeps as the job's spare, or the keeper of another of
+    the job's `tasks` that moved away, or (`keep`) one kept from this user's last job under the
+    same fingerprint: (the trainer, the keeper, ''), or (None, the task's own keeper if any,
+    why the start is cold; '' when there was no keeper to ask)."""
     try:
         own = socket_path(job_id, task_index)
+        spares = [socket_path(job_id, spare_task(n)) for n in range(SPARE_SLOTS)]
+        others = [socket_path(job_id, n) for n in range(tasks) if n != task_index]
         kept = [kept_socket_path(order["fingerprint"], n) for n in range(MAX_KEPT)] if keep else []
     except OSError as exc:
         return None, None, f"no private directory for the keeper's socket: {exc}"
     why = ""
-    for path in [own, *kept]:
+    for path in [own, *spares, *others, *kept]:
         link, problem = KeeperLink.connect(path, on_standby)
         if link is None:
             if problem and path == own:
@@ -293,72 +300,6 @@ def verify_trainer(pid: object, keeper_pid: int) -> str:
     if f"{ENV_STANDBY}=1".encode() not in environ:
         return f"the keeper named pid {pid}, which is not a standby"
     return ""
-
-
-def prepare_standby(
-    spec: WorkerSpec,
-    env: dict[str, str],
-    keeper: KeeperLink | None,
-    note: Callable[[str], None],
-    ready: Callable[[int, int], None],
-) -> KeeperLink | None:
-    """Have the task's keeper (started if need be) import TensorFlow in a standby for the
-    next attempt, under the trainer's environment `env`; returns the keeper (`note` says why
-    there is no standby)."""
-    task_dir = str(spec.layout.task_dir(spec.task_index))
-    short = room_for_standby() or undone_reason(task_dir)
-    if short:
-        note(f"no warm standby on this host: {short}")
-        return keeper
-    if keeper is None:  # the task's keeper if it runs (a Slurm job's keeper step), else a new one
-        try:
-            keeper, problem = KeeperLink.connect(socket_path(spec.job_id, spec.task_index), ready)
-        except OSError as exc:
-            keeper, problem = None, f"no private directory for the keeper's socket: {exc}"
-        if keeper is None and not problem:
-            keeper, problem = start_keeper(spec, f"{task_dir}/standby.log", ready)
-        if keeper is None:
-            note(f"no warm standby: {problem}")
-            return None
-    python = spec.argv[0]
-    ahead = imports_ahead.read(task_dir) if spec.warm_imports else []
-    made_under = fingerprint(env, python, spec.env, image_of(spec))
-    keeper.request({"op": "prepare", "fingerprint": made_under,
-                    "env": standby_env(env), "python": python, "imports": ahead,
-                    "log": f"{task_dir}/standby.log"})  # fmt: skip
-    return keeper
-
-
-def start_keeper(
-    spec: WorkerSpec, log: str, on_standby: Callable[[int, int], None]
-) -> tuple[KeeperLink | None, str]:
-    """Start the task's keeper (its own session: it outlives this agent, and it may serve the
-    user's next job, so it carries no job id) and connect to it; (None, why) when it cannot be
-    used."""
-    job_id, task_index = spec.job_id, spec.task_index
-    argv = [sys.executable, KEEPER, job_id, str(task_index), str(spec.standby_linger), log,
-            str(spec.keep_standbys), str(spec.keep_standbys_bytes)]  # fmt: skip
-    if spec.container:  # in its own container of the image, its standbys too
-        argv = keeper_in_image(spec, argv, str(Path(KEEPER).parents[2]))
-    with open(log, "ab") as out:
-        subprocess.Popen(
-            argv,
-            env={k: v for k, v in os.environ.items() if k != ENV_JOB_ID},
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    deadline = time.monotonic() + 5.0
-    while time.monotonic() < deadline:
-        try:
-            link, problem = KeeperLink.connect(socket_path(job_id, task_index), on_standby)
-        except OSError as exc:
-            return None, f"no private directory for the keeper's socket: {exc}"
-        if link is not None or problem:
-            return link, problem
-        time.sleep(0.05)
-    return None, "its keeper did not start (see standby.log)"
 
 
 class WarmTrainer:

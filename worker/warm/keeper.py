@@ -45,10 +45,7 @@ import sys
 import time
 from typing import Any
 
-if __package__ in (
-    None,
-    "",
-):  # run as a file (python .../worker/warm/keeper.py): import as a package
+if not __package__:  # run as a file (python .../worker/warm/keeper.py): import as a package
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from worker.warm import imports_ahead, registry
@@ -184,15 +181,17 @@ class Keeper:
 
     def _prepare(self, request: dict[str, Any]) -> dict[str, Any]:
         self.prepared = request
+        imports = imports_ahead.valid(request.get("imports") or [])
         if self.standby is not None and (
             self.standby.fingerprint != request["fingerprint"]
             or self.standby.proc.poll() is not None
+            # A spare's first standby is made before any trainer recorded its imports.
+            or (self.task_index < 0 and self.standby.imports != imports)
         ):
             self.standby.kill()  # another environment, or it died: replaced, never used
             self.standby = None
         self.log = str(request.get("log", self.log))  # the task's (of the job it serves now)
         if self.standby is None:
-            imports = imports_ahead.valid(request.get("imports") or [])
             try:
                 self.standby = Child(request["python"], self._env(request), request["fingerprint"],
                                      self.log, imports)  # fmt: skip
@@ -201,6 +200,7 @@ class Keeper:
                     raise
                 self.standby = Child(request["python"], self._env(request), request["fingerprint"],
                                      self.log, [])  # fmt: skip
+                self.standby.imports = imports  # asked for: not asked again
         return {"ok": True}
 
     def _env(self, request: dict[str, Any]) -> dict[str, str]:
@@ -233,9 +233,12 @@ class Keeper:
             self.standby = None
             standby.close()
             return {"ok": False, "reason": f"the standby died (exit {standby.proc.returncode})"}
+        job_id, task_index = str(request["job_id"]), int(request["task_index"])
+        mine = (job_id, task_index) == (self.job_id, self.task_index)
         if standby.fingerprint != request["fingerprint"]:
-            if self.kept_until is not None:  # kept for another environment: left for it
-                return {"ok": False, "reason": "a standby kept for another environment"}
+            if self.kept_until is not None or not mine:
+                # Kept, a spare's or another task's: made for another environment, left for it.
+                return {"ok": False, "reason": "a standby made for another environment"}
             self.standby = None
             standby.kill()
             return {"ok": False, "reason": "the environment or Python changed"}
@@ -251,8 +254,7 @@ class Keeper:
             return {"ok": False, "reason": f"the standby did not take it ({exc})"}
         standby.active = True
         self.trainer, self.standby = standby, None
-        job_id, task_index = str(request["job_id"]), int(request["task_index"])
-        if self.kept_until is not None or (job_id, task_index) != (self.job_id, self.task_index):
+        if self.kept_until is not None or not mine:
             # Adopted by the job that activated it (the next job, or this one after a gap
             # longer than the linger): it serves that job, on its task's name, by its settings.
             self.job_id, self.task_index, self.kept_until = job_id, task_index, None

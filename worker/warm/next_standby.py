@@ -12,14 +12,10 @@ from collections.abc import Callable
 
 from worker.container import image_of, name_for_attempt, warm_env
 from worker.spec import Phase, WorkerSpec
-from worker.warm.activation import (
-    KeeperLink,
-    WarmTrainer,
-    fingerprint,
-    prepare_standby,
-    undone_reason,
-)
+from worker.warm.activation import KeeperLink, WarmTrainer, fingerprint
 from worker.warm.activation import warm_start as start_in_standby
+from worker.warm.import_env import undone_reason
+from worker.warm.preparation import prepare_standby
 
 
 class AgentStandby:
@@ -64,8 +60,10 @@ class AgentStandby:
                  "keep_bytes": spec.keep_standbys_bytes,
                  "standby_log": str(task_dir / "standby.log")}  # fmt: skip
         keep = spec.keep_standbys > 0
+        cluster = spec.tf_config.get("cluster", {})
+        tasks = sum(len(v) for v in cluster.values() if isinstance(v, list))
         trainer, self.keeper, problem = start_in_standby(
-            spec.job_id, spec.task_index, order, self.ready, keep, self._stop
+            spec.job_id, spec.task_index, order, self.ready, keep, self._stop, tasks
         )
         if trainer is None:
             if problem or spec.attempt > 0:  # a restart says why it is cold

@@ -51,7 +51,8 @@ class KeeperEntry:
     socket: str = ""  # where it listens
 
     def describe(self) -> str:
-        what = "kept" if self.state == "kept" else f"job {self.job} worker-{self.task}"
+        task = f"spare {spare_slot(self.task)}" if self.task < 0 else f"worker-{self.task}"
+        what = "kept" if self.state == "kept" else f"job {self.job} {task}"
         standby = f"standby {self.standby}" if self.standby else "no standby"
         ready = "" if self.standby_ready or not self.standby else " (importing)"
         left = f", {self.kept_left:.0f}s left" if self.state == "kept" else ""
@@ -78,6 +79,19 @@ def socket_path(job_id: str, task_index: int) -> str:
     if len(name) > 60:  # a unix socket path has at most 107 bytes
         name = hashlib.sha256(name.encode()).hexdigest()[:32] + ".sock"
     return os.path.join(directory(), name)
+
+
+SPARE_SLOTS = 16  # standbys a spare host keeps for the tasks it may take over, at most
+
+
+def spare_task(slot: int) -> int:
+    """The number a spare host's slot-th keeper is named by until a task takes its standby
+    (negative: never a task's own)."""
+    return -1 - slot
+
+
+def spare_slot(task: int) -> int:
+    return -1 - task
 
 
 def kept_socket_path(fingerprint: str, n: int) -> str:

@@ -31,6 +31,7 @@ class Child:
         self, python: str, env: dict[str, str], fingerprint: str, log: str, imports: list[str]
     ) -> None:
         self.fingerprint = fingerprint
+        self.imports = imports  # what it was asked to import ahead
         ours, theirs = socket.socketpair()
         if imports:  # worker.warm.imports_ahead: what the standby imports besides TensorFlow
             env = {**env, ENV_WARM_IMPORTS: ",".join(imports)}
