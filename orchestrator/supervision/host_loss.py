@@ -53,7 +53,8 @@ class Hosts:
         self._probed_at = float("-inf")
         self._back_at_epoch: int | None = None  # the chief's epoch when a dropped host came back
         self._executor: ThreadPoolExecutor | None = None
-        self.spares = WarmSpares(ctx.backend, self._idle, self.labels) if ctx.warm else None
+        warm_spares = ctx.warm and ctx.backend.capabilities.elastic_width  # spares at all
+        self.spares = WarmSpares(ctx.backend, self._idle, self.labels) if warm_spares else None
         self._save()
 
     def close(self) -> None:
