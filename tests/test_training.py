@@ -85,47 +85,45 @@ def test_example_trains_on_disjoint_shards_and_the_chief_saves_once(
     assert all(t["median_steps_per_sec"] > 0 and t["epoch"] == 6 for t in data["tasks"].values())
     assert data["metrics"]["test_accuracy"] >= 0.9
 
-    # The collected model loads and predicts in a fresh process.
+    # Collected to this machine: the logs, and the model (loaded below).
     collected = tmp_path / "home" / "jobs" / job["id"] / "collected"
     assert (collected / "logs" / "worker-1.log").is_file()
-    load = (
-        "import os; os.environ['TF_USE_LEGACY_KERAS']='1'; import sys, numpy as np, tensorflow as tf;"
-        "from sklearn.datasets import load_digits; x, y = load_digits(return_X_y=True);"
-        "m = tf.keras.models.load_model(sys.argv[1]);"
-        "p = np.argmax(m.predict((x / 16.0).astype('float32'), verbose=0), axis=1);"
-        "print(float(np.mean(p == y)))"
-    )
     # Every task wrote TensorBoard scalars to its own run (one epoch_loss value per epoch).
     for i in (0, 1):
         events = list(
             (job_dir / "tensorboard" / f"worker-{i}" / "train").glob("events.out.tfevents.*")
         )
         assert events, f"no TensorBoard events for worker-{i}"
-    # ... and its agent the resources it sampled, to a run beside it, read here by TensorFlow.
-    count_scalars = (
-        "import sys, tensorflow as tf; print(*(sum(1 for f in sys.argv[1:] "
-        "for e in tf.compat.v1.train.summary_iterator(f) for v in e.summary.value "
-        "if v.tag == tag) for tag in ('epoch_loss', 'resources/rss_mib')))"
+    # ... and its agent the resources it sampled, to a run beside it; and the collected model
+    # loads and predicts. Read in one fresh process (TensorFlow imported once, not three times).
+    check = (
+        "import os, sys, json; os.environ['TF_USE_LEGACY_KERAS'] = '1';"
+        "import numpy as np, tensorflow as tf; from sklearn.datasets import load_digits;"
+        "args = json.loads(sys.argv[1]);"
+        "counts = [[sum(1 for f in files for e in tf.compat.v1.train.summary_iterator(f) "
+        "for v in e.summary.value if v.tag == tag) for tag in ('epoch_loss', 'resources/rss_mib')]"
+        " for files in args['workers']];"
+        "x, y = load_digits(return_X_y=True); m = tf.keras.models.load_model(args['model']);"
+        "p = np.argmax(m.predict((x / 16.0).astype('float32'), verbose=0), axis=1);"
+        "print(json.dumps({'counts': counts, 'accuracy': float(np.mean(p == y))}))"
     )
-    for i in (0, 1):
-        files = [
+    workers = [
+        [
             str(p)
             for run in ("train", "resources")
             for p in (job_dir / "tensorboard" / f"worker-{i}" / run).glob("events*")
         ]
-        out = subprocess.run([sys.executable, "-c", count_scalars, *files], capture_output=True,
-                             text=True, timeout=120)  # fmt: skip
-        epochs, samples = map(int, out.stdout.strip().splitlines()[-1].split())
-        assert epochs == 6, out.stderr[-1000:]
-        assert samples >= 5  # one per heartbeat while it trained
-    out = subprocess.run(
-        [sys.executable, "-c", load, str(collected / "model")],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+        for i in (0, 1)
+    ]
+    args = json.dumps({"model": str(collected / "model"), "workers": workers})
+    out = subprocess.run([sys.executable, "-c", check, args], capture_output=True, text=True,
+                         timeout=180)  # fmt: skip
     assert out.returncode == 0, out.stderr[-2000:]
-    assert float(out.stdout.strip().splitlines()[-1]) >= 0.9
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    for epochs, samples in seen["counts"]:
+        assert epochs == 6  # one epoch_loss value per epoch
+        assert samples >= 5  # one per heartbeat while it trained
+    assert seen["accuracy"] >= 0.9
 
     # `orchestrate tensorboard JOB` serves those logs.
     tensorboard = subprocess.Popen([sys.executable, "-m", "orchestrator", "tensorboard", job["id"]],
