@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orchestrator.backends.agents import agent_pid
+from orchestrator.backends.agents import agent_pid as agent_hosts_pid
 from scripts.soak.beds import HOST_TIMEOUT, KEEPALIVE
 
 REPO = Path(__file__).resolve().parents[2]
@@ -157,6 +157,15 @@ def runs_in_job(pid: Any, job: str) -> bool:
     if ") Z " in stat:
         return False
     return f"ORCHESTRATE_JOB_ID={job}".encode() in environ.split(b"\0") or pid in _serving(job)
+
+
+def agent_pid(ref: str | None) -> int | None:
+    """The pid of the agent a task's stored handle names: an agent host's `pid/ident`, or a
+    Slurm step task's `node:pid` (the test bed's nodes share this machine's pids)."""
+    if ref and ":" in ref:
+        pid = ref.rpartition(":")[2]
+        return int(pid) if pid.isdigit() and int(pid) > 1 else None
+    return agent_hosts_pid(ref)
 
 
 def training_now(v: dict[str, Any]) -> bool:

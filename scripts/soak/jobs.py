@@ -17,13 +17,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from orchestrator.backends.agents import agent_pid
 from scripts.soak.beds import LocalBed, later
 from scripts.soak.checks import (
     PROGRESS_TIMEOUT,
     RESTARTS,
     Cli,
     Fault,
+    agent_pid,
     check_checkpoint_loads,
     check_fault,
     check_numbered_lines,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from scripts.soak.checks import warm_starts
+from scripts.soak.checks import agent_pid, warm_starts
 from scripts.soak.report import beside, markdown, rows
 
 ATTEMPT_0 = "[orchestrate] attempt 0: worker-{i} on local starting\nstep 1\n"
@@ -55,3 +55,10 @@ def test_earlier_runs_recoveries_stand_beside_the_new_ones() -> None:
     now = {"backend": "local", "faults": [{**fault, "recovered_s": 2.0}]}
     text = beside([then], rows([now]), "2026-12-04/results.md")
     assert "| local | `trainer_kill` | 7.00 / 8.00 | 2.00 / 2.00 | 2 / 1 |" in text, text
+
+
+def test_the_soak_reads_an_agents_pid_from_either_kind_of_handle() -> None:
+    """An agent host's handle is `pid/ident`; a Slurm step's task is named `node:pid`."""
+    assert agent_pid("4242/1234567") == 4242
+    assert agent_pid("node-1:4242") == 4242
+    assert [agent_pid(ref) for ref in (None, "", "node-1:", "node-1:x", "1/0")] == [None] * 5
