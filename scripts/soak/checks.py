@@ -160,9 +160,9 @@ def runs_in_job(pid: Any, job: str) -> bool:
 
 
 def agent_pid(ref: str | None) -> int | None:
-    """The pid of the agent a task's stored handle names: an agent host's `pid/ident`, or a
-    Slurm step task's `node:pid` (the test bed's nodes share this machine's pids)."""
-    if ref and ":" in ref:
+    """The pid of the agent a task's stored handle names: an agent host's `pid/ident` (the
+    ident `boot:start`), or a Slurm step task's `node:pid` (the bed's nodes share our pids)."""
+    if ref and "/" not in ref and ":" in ref:
         pid = ref.rpartition(":")[2]
         return int(pid) if pid.isdigit() and int(pid) > 1 else None
     return agent_hosts_pid(ref)

@@ -58,7 +58,8 @@ def test_earlier_runs_recoveries_stand_beside_the_new_ones() -> None:
 
 
 def test_the_soak_reads_an_agents_pid_from_either_kind_of_handle() -> None:
-    """An agent host's handle is `pid/ident`; a Slurm step's task is named `node:pid`."""
-    assert agent_pid("4242/1234567") == 4242
+    """An agent host's handle is `pid/ident` (the ident `boot id:start time`); a Slurm step's
+    task is named `node:pid`."""
+    assert agent_pid("4242/0f6c2a51-8e1d-4b0e-9f4e-3c1d2b7a9e10:1234567") == 4242
     assert agent_pid("node-1:4242") == 4242
     assert [agent_pid(ref) for ref in (None, "", "node-1:", "node-1:x", "1/0")] == [None] * 5
