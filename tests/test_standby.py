@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -33,11 +34,14 @@ from worker.warm.spare import keep_standbys
 from worker.warm.standby import ENV_STANDBY
 
 SCRIPT = """
-import json, os, sys
+import json, os, signal, sys, time
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(42))  # a preemption: checkpoint, then 42
 print("seen " + json.dumps({"name": __name__, "argv": sys.argv, "x": os.environ.get("X"),
       "old": os.environ.get("OLD"), "cwd": os.getcwd(), "runs": globals().get("runs", 0) + 1,
       "tf": "tensorflow" in sys.modules}), flush=True)
 runs = 1
+if "--until-sigterm" in sys.argv:
+    time.sleep(60)
 sys.exit(3)
 """
 
@@ -110,6 +114,22 @@ def test_the_keeper_replaces_a_stale_standby_and_runs_a_fresh_script_in_a_matchi
         seen = json.loads(text[text.index("seen ") + 5 :].splitlines()[0])
         assert seen == {"name": "__main__", "argv": [str(script), "--flag"], "x": "1",
                         "old": None, "cwd": str(workdir), "runs": 1, "tf": True}  # fmt: skip
+
+        # Stopped while a trainer runs (on Slurm a preemption signals every step, the keepers'
+        # too): the trainer is its agent's, and ends its own way (42: it checkpointed); the
+        # keeper passes that on, then ends.
+        got_ready.clear()
+        assert link.request({**prepare, "env": standby_env(new_env), "fingerprint": new_print})
+        assert got_ready.wait(120)
+        link.exited.clear()
+        running = {**order, "target": [str(script), "--until-sigterm"], "fingerprint": new_print}
+        assert link.request(running) == {"ok": True, "pid": ready[2]}
+        wait_for(lambda: (tmp_path / "task.log").read_text().count("seen ") == 2, 60)
+        keeper.terminate()
+        assert not link.exited.wait(1.0) and keeper.poll() is None and is_alive(ready[2])
+        os.kill(ready[2], signal.SIGTERM)  # Slurm's own SIGTERM to the trainer
+        assert link.exited.wait(30) and link.exit_code == 42
+        keeper.wait(timeout=30)
     finally:
         _leave(keeper, link)
     assert keeper.returncode == 0

@@ -1,12 +1,12 @@
 """The Slurm backend: the job's tasks run in one Slurm allocation (sbatch), each attempt as one
 srun step in it (worker.slurm_task on every task; the allocation itself: slurm_allocation.py).
-Slurm places, starts, signals and ends the
-processes; orchestrate keeps TF_CONFIG, supervision, whole-group restarts and the logs.
+Slurm places, starts, signals and ends the processes; orchestrate keeps TF_CONFIG, supervision,
+whole-group restarts and the logs.
 
 The coordinator reads the tasks' status and log files on the shared directory, which it sees
 as the nodes do, and takes liveness from the step itself (its srun is our child; an adopted
-step is looked up in squeue). Slurm's commands run here, as local processes: the coordinator
-runs where a user would type sbatch (a login node)."""
+step is looked up in squeue) and from srun's word on a task that ended. Slurm's commands run
+here, as local processes: the coordinator runs where a user would type sbatch (a login node)."""
 
 from __future__ import annotations
 
@@ -92,6 +92,9 @@ class SlurmHosts:
     def step_alive(self) -> bool:
         return self.step is not None and self.step.alive()
 
+    def _alive(self, indices: Sequence[int]) -> set[int]:
+        return set() if self.step is None else self.step.living(indices)
+
     def stop_step(self, grace: float) -> bool:
         return self.step is None or self.step.stop(grace)
 
@@ -122,14 +125,14 @@ class SlurmHosts:
             [] if watching is None else list(watching.statuses),
             0.0 if watching is None else watching.wait,
             host_watch.STEP if watching is None else watching.step,
-            alive_check=lambda indices, _: set(indices) if self.step_alive() else set(),
+            alive_check=lambda indices, _: self._alive(indices),
         )
         return Observation(
             seen.alive, tuple(seen.logs), tuple(seen.statuses), tuple(seen.keys), seen.urgent
         )
 
     def alive_tasks(self, host_index: int, tasks: Sequence[TaskHandle]) -> set[int]:
-        return {t.task_index for t in tasks} if self.step_alive() else set()
+        return self._alive([t.task_index for t in tasks])
 
     def ask_stacks(self, task: TaskHandle) -> bool:
         """A step's task is Slurm's process on its node: no agent of ours to signal there."""
@@ -343,11 +346,12 @@ class SlurmHosts:
             slurm_task_argv(config, copy),
         )  # fmt: skip
         with open(step_dir / "srun.log", "ab") as log:
+            said_from = log.tell()  # what srun says of this step, not of an earlier one
             proc = subprocess.Popen(
                 argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 env={**os.environ, ENV_JOB_ID: job_id}, start_new_session=True,
             )  # fmt: skip
-        self.step = Step(self.allocation, proc)
+        self.step = Step(self.allocation, proc, log=(step_dir / "srun.log", said_from))
         self.fresh_run = False
         deadline = time.monotonic() + HELLO_TIMEOUT
         paths = [step_dir / "hello" / f"{i}.json" for i in range(tasks)]
@@ -357,7 +361,7 @@ class SlurmHosts:
                 done = [h for h in hellos if h is not None]
                 self.step.step_id = done[0].step
                 (Path(layout.root) / "slurm" / "step.json").write_text(
-                    json.dumps({"attempt": attempt, "step": done[0].step})
+                    json.dumps({"attempt": attempt, "step": done[0].step, "log_from": said_from})
                 )
                 return done
             if proc.poll() is not None or time.monotonic() > deadline:
@@ -374,9 +378,11 @@ class SlurmHosts:
         """A supervisor taking over: the job's allocation and its last step."""
         self.allocation = Allocation(job.backend_state)
         self.owns_allocation = True
-        with contextlib.suppress(OSError, ValueError, KeyError):
-            step = json.loads((Path(layout.root) / "slurm" / "step.json").read_text())["step"]
-            self.step = Step(self.allocation, None, str(step))
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+            step = json.loads((Path(layout.root) / "slurm" / "step.json").read_text())
+            log = Path(layout.root) / "slurm" / f"attempt-{int(step['attempt'])}" / "srun.log"
+            said_from = int(step.get("log_from", 0))
+            self.step = Step(self.allocation, None, str(step["step"]), (log, said_from))
 
 
 def _wait_or_start(stop_requested: threading.Event, pause: float, output: Path) -> bool:

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import subprocess
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,6 +17,10 @@ from orchestrator.errors import OrchestrateError
 from worker.proctl import HURRY, LEADER_LAST_WORDS
 
 STEP_LOOKUP_INTERVAL = 1.0  # squeue at most this often for an adopted step
+# What srun says the moment a task of its step ends by a signal or a non-zero exit, e.g.
+# "srun: error: n0: task 1: Killed", "srun: error: n1: tasks 2-3,5: Exited with exit code 1".
+SRUN_TASK_END = re.compile(rb"^srun: error: [^:\s]+: tasks? ([0-9][0-9,-]{0,200}): ", re.M)
+SRUN_LOG_READ = 64 * 1024  # bytes of srun's log read per look
 
 
 @dataclass(frozen=True)
@@ -50,13 +56,20 @@ class Step:
     """One attempt's srun step: started here (srun is our child), or adopted by id."""
 
     def __init__(
-        self, allocation: Allocation, proc: subprocess.Popen[bytes] | None, step_id: str = ""
+        self,
+        allocation: Allocation,
+        proc: subprocess.Popen[bytes] | None,
+        step_id: str = "",
+        log: tuple[Path, int] | None = None,
     ) -> None:
         self.allocation = allocation
         self.proc = proc
         self.step_id = step_id
         self._seen_at = float("-inf")
         self._seen = True
+        self._log: Path | None = None if log is None else log[0]
+        self._read_to = 0 if log is None else log[1]
+        self._ended: frozenset[int] = frozenset()
 
     @property
     def name(self) -> str:
@@ -71,6 +84,28 @@ class Step:
                 self._seen = self.name in self.allocation.steps()
             self._seen_at = now
         return self._seen
+
+    def living(self, tasks: Iterable[int]) -> set[int]:
+        """Of `tasks`, those alive: all while the step lives, less those srun said ended."""
+        return set(tasks) - self.ended_tasks() if self.alive() else set()
+
+    def ended_tasks(self) -> frozenset[int]:
+        """The tasks srun has said ended by a signal or a non-zero exit, read from its log (from
+        `log`'s offset on, whole lines only) as it grows. Seen at once, where the step itself
+        lives on until srun has ended its other tasks (--kill-on-bad-exit) and they are gone."""
+        if self._log is None:
+            return self._ended
+        try:
+            with open(self._log, "rb") as log:
+                log.seek(self._read_to)
+                data = log.read(SRUN_LOG_READ)
+        except OSError:
+            return self._ended
+        whole = data[: data.rfind(b"\n") + 1]
+        self._read_to += len(whole)
+        for found in SRUN_TASK_END.finditer(whole):
+            self._ended |= task_ranks(found.group(1).decode())
+        return self._ended
 
     def wait(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
@@ -105,3 +140,16 @@ class Step:
         self._seen_at = float("-inf")
         self.proc = None
         return not self.alive()
+
+
+def task_ranks(text: str, most: int = 65536) -> frozenset[int]:
+    """Slurm's task list ("0-3,5") as ranks; a malformed or huge part is left out."""
+    ranks: set[int] = set()
+    for part in text.split(","):
+        low, dash, high = part.partition("-")
+        if not low.isdigit() or (dash and not high.isdigit()):
+            continue
+        first, last = int(low), int(high or low)
+        if first <= last < most:
+            ranks.update(range(first, last + 1))
+    return frozenset(ranks)

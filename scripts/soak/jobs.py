@@ -213,7 +213,8 @@ def run_job(bed: LocalBed, cli: Cli, root: Path, rng: random.Random, n: int,
                 break
     finally:
         problems += watchers.stop()
-        problems += end_job(cli, job, root, name)
+        faulted = any(f.job == job and f.violations for f in faults)
+        problems += end_job(cli, job, root, name, keep=faulted)
         if webhook is not None:
             killed = any(f.job == job and f.kind == "supervisor_kill" for f in faults)
             problems += check_webhook(cli, job, webhook, killed)
@@ -248,7 +249,9 @@ def check_webhook(cli: Cli, job: str, webhook: MisbehavingWebhook, killed: bool)
     return problems
 
 
-def end_job(cli: Cli, job: str, root: Path, name: str) -> list[str]:
+def end_job(cli: Cli, job: str, root: Path, name: str, keep: bool = False) -> list[str]:
+    """Stop the job and check how it ended; its directory outlives the run when a line was
+    lost or doubled, or when `keep` (a fault of the job broke an invariant)."""
     problems = []
     stopped = cli("stop", job, timeout=300)
     final = cli.view(job)
@@ -262,13 +265,13 @@ def end_job(cli: Cli, job: str, root: Path, name: str) -> list[str]:
     if not wait(lambda: not job_processes(job), 15):
         problems.append(f"{job}: processes left 15 s after the end: {job_processes(job)}")
     lost_or_doubled = check_numbered_lines(cli, job, root / "shared" / f"truth-{name}")
-    if lost_or_doubled:  # the evidence outlives the run's directory: logs, events, truth
+    if lost_or_doubled or keep:  # the evidence outlives the run's directory: logs, events, truth
         kept = Path(tempfile.gettempdir()) / f"chaos-kept-{job}"
         with contextlib.suppress(OSError, shutil.Error):
             shutil.copytree(final["job_dir"], kept, dirs_exist_ok=True)
             shutil.copytree(root / "shared" / f"truth-{name}", kept / "truth", dirs_exist_ok=True)
             (kept / "status.json").write_text(json.dumps(final, indent=1))
-            lost_or_doubled.append(f"{job}: its logs, events and truth kept in {kept}")
+            print(f"{job}: its logs, events and truth kept in {kept}", flush=True)
     problems += lost_or_doubled
     if max(t["epoch"] for t in final["tasks"]) >= 2:  # an epoch completed: its checkpoint
         problems += check_checkpoint_loads(root / "shared" / f"backup-{name}")

@@ -34,7 +34,6 @@ Standard library only.
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import os
 import select
@@ -49,7 +48,7 @@ if not __package__:  # run as a file (python .../worker/warm/keeper.py): import 
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from worker.warm import imports_ahead, registry
-from worker.warm.registry import kept_socket_path, socket_path
+from worker.warm.registry import NameTaken, bind_socket, kept_socket_path, socket_path
 from worker.warm.standby import Child, rss_bytes
 
 READY = b"ready\n"
@@ -77,7 +76,7 @@ class Keeper:
         self.keep_bytes = keep_bytes  # the most memory this user's kept standbys here may hold
         self.kept_until: float | None = None  # kept for the next job until then (monotonic)
         self.socket = socket_path(job_id, task_index)
-        self.server = _bind(self.socket)
+        self.server = bind_socket(self.socket)
         self.server.listen(4)
         self.agent: socket.socket | None = None
         self.agent_buffer = b""
@@ -86,6 +85,16 @@ class Keeper:
         self.alone_since: float | None = None  # no agent connected since then
         self.prepared: dict[str, Any] | None = None  # the latest prepare request
         self.deaths = 0  # standbys that died while waiting
+        self.ending = False  # told to stop while a trainer ran: once it has ended
+
+    def on_stop_signal(self, signum: int, frame: object) -> None:
+        """SIGTERM: the end of the job, or on Slurm any SIGTERM to the job's steps (a
+        preemption, the time limit). A running trainer is its agent's, which has the same
+        signal and waits out its checkpoint: the keeper ends only after it, and tells the
+        agent how it ended (killed here, a preemption's checkpoint would be lost)."""
+        self.ending = True
+        if self.trainer is None:
+            raise SystemExit(0)  # main() ends the standby
 
     def record(self) -> None:
         standby = self.standby
@@ -112,7 +121,7 @@ class Keeper:
         """Listen at `path` instead (kept: a name the next job finds by fingerprint; adopted:
         the new job's task name); False when that name is served already."""
         try:
-            server = _bind(path)
+            server = bind_socket(path)
         except OSError:
             return False
         server.listen(4)
@@ -325,6 +334,8 @@ class Keeper:
                     self.trainer = None
                     self._send({"exit": code})
                     self.record()
+            if self.ending and self.trainer is None:
+                return 0
             if self.agent is not None or self.trainer is not None:
                 continue
             if self.kept_until is not None:  # kept: until its time is up or its standby dies
@@ -336,34 +347,6 @@ class Keeper:
                 and not self._keep_or_end()
             ):
                 return 0
-
-
-class NameTaken(OSError):
-    """Another keeper serves this task's socket already."""
-
-
-def _bind(path: str) -> socket.socket:
-    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        server.bind(path)
-        return server
-    except FileExistsError:
-        pass
-    except OSError as exc:
-        if exc.errno != errno.EADDRINUSE:
-            server.close()
-            raise
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        probe.connect(path)
-    except OSError:  # a socket file no keeper listens on: a keeper that died; take it over
-        os.unlink(path)
-        server.bind(path)
-        return server
-    finally:
-        probe.close()
-    server.close()
-    raise NameTaken(f"{path} is served already")
 
 
 def main(argv: list[str]) -> int:
@@ -379,7 +362,7 @@ def main(argv: list[str]) -> int:
     except OSError as exc:  # the private directory is not ours alone, or the bind failed
         _say(f"cannot serve warm restarts: {exc}")
         return 3
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
+    signal.signal(signal.SIGTERM, keeper.on_stop_signal)
     keeper.record()
     registry.sweep_sockets()  # those of keepers killed before they could remove their own
     try:

@@ -15,6 +15,7 @@ only.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import json
@@ -338,3 +339,33 @@ def clear(every_host: bool = False, kept_only: bool = True) -> list[int]:
         time.sleep(0.05)
     sweep_sockets()
     return ended
+
+
+class NameTaken(OSError):
+    """Another keeper serves this task's socket already."""
+
+
+def bind_socket(path: str) -> socket.socket:
+    """Listen-ready `path` for a keeper: bound anew, or taken over from a keeper that died
+    (no one listens there); NameTaken while another keeper serves it."""
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        server.bind(path)
+        return server
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        if exc.errno != errno.EADDRINUSE:
+            server.close()
+            raise
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(path)
+    except OSError:  # a socket file no keeper listens on: a keeper that died; take it over
+        os.unlink(path)
+        server.bind(path)
+        return server
+    finally:
+        probe.close()
+    server.close()
+    raise NameTaken(f"{path} is served already")
