@@ -87,42 +87,57 @@ def assert_resumed_and_clean(job: dict, cause: str) -> None:
     wait_for(lambda: not job_processes(job["id"]), 10)
 
 
-def test_sigkill_of_a_trainer_restarts_the_group_which_resumes(
+def wait_for_training_again(
+    cli: Callable[..., CliResult], job_id: str, after: int, reap: list[int]
+) -> dict:
+    """The job running an attempt later than `after`, every task past the epoch it resumed at
+    (a checkpoint of this attempt is written)."""
+
+    def again() -> dict | None:
+        job = job_view(cli, job_id)
+        reap.extend(p for t in job["tasks"] for p in (agent_pid(t["agent"]), t["pid"]) if p)
+        ok = (
+            job["state"] == "running"
+            and job["attempt"] > after
+            and all(
+                t["attempt"] == job["attempt"]
+                and t["epoch"] > t["initial_epoch"]
+                and t["first_step_at"] is not None
+                for t in job["tasks"]
+            )
+        )
+        return job if ok else None
+
+    return wait_for(again, 150)  # type: ignore[return-value]
+
+
+def test_a_killed_trainer_a_killed_agent_and_a_hung_trainer_each_restart_the_group(
     tmp_path: Path, cli: Callable[..., CliResult], reap_pids: list[int]
 ) -> None:
-    job_id = launch_detached(cli, fault_config(tmp_path, 10), reap_pids)
-    running = wait_for_epoch(cli, job_id, 4, reap_pids)
+    """Three faults one after another in one job, each restart resuming from the checkpoint: a
+    trainer SIGKILLed, an agent SIGKILLed (its trainer dies with it), a trainer SIGSTOPped past
+    progress_timeout (alive, its agent heartbeating, no steps: the watchdog)."""
+    path = fault_config(tmp_path, 24, supervision="progress_timeout = 5.0")
+    job_id = launch_detached(cli, path, reap_pids)
+    running = wait_for_epoch(cli, job_id, 3, reap_pids)
     killed_at = time.time()
     signal_job_process(running["tasks"][1]["pid"], job_id, signal.SIGKILL)
-    job = wait_for_end(cli, job_id)
-    assert_resumed_and_clean(job, "worker-1 exited with code 137")
-    report_timing("local trainer SIGKILL", killed_at, job)
+    running = wait_for_training_again(cli, job_id, running["attempt"], reap_pids)
+    report_timing("local trainer SIGKILL", killed_at, running)
 
-
-def test_sigkill_of_an_agent_takes_its_trainer_and_restarts_the_group(
-    tmp_path: Path, cli: Callable[..., CliResult], reap_pids: list[int]
-) -> None:
-    job_id = launch_detached(cli, fault_config(tmp_path, 10), reap_pids)
-    running = wait_for_epoch(cli, job_id, 4, reap_pids)
     agent, trainer = agent_pid(running["tasks"][1]["agent"]), running["tasks"][1]["pid"]
     signal_job_process(agent, job_id, signal.SIGKILL)
     wait_for(lambda: not is_alive(trainer), 5)  # PR_SET_PDEATHSIG: it dies with its agent
-    job = wait_for_end(cli, job_id)
-    assert_resumed_and_clean(job, "worker-1's agent is gone")
+    running = wait_for_training_again(cli, job_id, running["attempt"], reap_pids)
 
-
-def test_a_hung_trainer_is_caught_by_the_watchdog(
-    tmp_path: Path, cli: Callable[..., CliResult], reap_pids: list[int]
-) -> None:
-    path = fault_config(tmp_path, 10, supervision="progress_timeout = 5.0")
-    job_id = launch_detached(cli, path, reap_pids)
-    running = wait_for_epoch(cli, job_id, 4, reap_pids)
     stopped_at = time.time()
-    signal_job_process(
-        running["tasks"][1]["pid"], job_id, signal.SIGSTOP
-    )  # alive, heartbeating agent, no steps
+    signal_job_process(running["tasks"][1]["pid"], job_id, signal.SIGSTOP)
     job = wait_for_end(cli, job_id)
-    assert_resumed_and_clean(job, "no training progress for 5s")
+    assert_resumed_and_clean(job, "worker-1 exited with code 137")
+    causes = [e["message"] for e in job["events"] if e["kind"] == "restart"]
+    agent_lost = next(i for i, c in enumerate(causes) if "worker-1's agent is gone" in c)
+    hung = next(i for i, c in enumerate(causes) if "no training progress for 5s" in c)
+    assert 0 < agent_lost < hung, causes  # each fault's restart, in the order injected
     failure = min(t for t in event_times(job, "failure") if t >= stopped_at)
     # Not before the watchdog timeout, counted from the last step the supervisor saw advance:
     # that can precede the SIGSTOP by a progress write (0.5 s) + a heartbeat (0.5 s) + a poll.
