@@ -198,54 +198,11 @@ print(json.dumps([runtime.make_strategy(ctx, {"kind": "tpu", "tpu": "grpc://10.9
                      ["initialize", "Resolver"], ["strategy", "Resolver"]]  # fmt: skip
 
 
-def test_detached_job_reports_fresh_heartbeats_and_growing_steps(
+def test_a_detached_job_reports_fresh_heartbeats_and_growing_steps_and_stop_ends_it(
     tmp_path: Path, cli: Callable[..., CliResult], reap_pids: list[int]
 ) -> None:
-    result = cli("launch", "--detach", str(example_config(tmp_path, epochs=25)))
-    assert result.code == 0, result
-    job_id = status_json(cli)["jobs"][0]["id"]
-    reap_pids.append(status_json(cli)["jobs"][0]["supervisor"]["pid"])
-
-    def both_training() -> dict | None:
-        job = status_json(cli, job_id)["jobs"][0]
-        reap_pids.extend(_pids(job))
-        ok = all(t["state"] == "running" and t["step"] > 0 for t in job["tasks"])
-        return job if ok else None
-
-    first = wait_for(both_training, 120)
-    read_first = time.monotonic()
-
-    def every_step_grew() -> dict | None:
-        job = status_json(cli, job_id)["jobs"][0]
-        grew = all(
-            after["step"] > before["step"]
-            for before, after in zip(first["tasks"], job["tasks"], strict=True)
-        )
-        return job if grew else None
-
-    second = wait_for(every_step_grew, 60)
-    between = time.monotonic() - read_first
-    assert second["state"] == "running"
-    for before, after in zip(first["tasks"], second["tasks"], strict=True):
-        assert after["state"] == "running"
-        # A newer heartbeat arrived between the two reads: the one seen first would be older by
-        # the whole time between them.
-        assert after["heartbeat_age"] < before["heartbeat_age"] + between  # order: newer
-        assert after["address"].startswith("127.0.0.1:")
-    final = wait_for(
-        lambda: (
-            (j := status_json(cli, job_id)["jobs"][0])["state"] in ("succeeded", "failed") and j
-        ),
-        180,
-    )
-    assert final["state"] == "succeeded", final
-    assert all(t["epoch"] == 25 for t in final["tasks"])
-    assert not [p for p in _pids(final) if is_alive(p)]
-
-
-def test_stop_ends_real_training_with_no_process_left(
-    tmp_path: Path, cli: Callable[..., CliResult], reap_pids: list[int]
-) -> None:
+    """While it trains, `status` shows every task running with a fresher heartbeat and a larger
+    step at each read; `stop` then ends it with no process of the job left."""
     assert cli("launch", "--detach", str(example_config(tmp_path, epochs=200))).code == 0
     job = status_json(cli)["jobs"][0]
     reap_pids.append(job["supervisor"]["pid"])
@@ -253,9 +210,30 @@ def test_stop_ends_real_training_with_no_process_left(
     def training() -> dict | None:
         current = status_json(cli, job["id"])["jobs"][0]
         reap_pids.extend(_pids(current))
-        return current if all(t["step"] > 0 for t in current["tasks"]) else None
+        ok = all(t["state"] == "running" and t["step"] > 0 for t in current["tasks"])
+        return current if ok else None
 
-    running = wait_for(training, 120)
+    first = wait_for(training, 120)
+    read_first = time.monotonic()
+
+    def every_step_grew() -> dict | None:
+        current = status_json(cli, job["id"])["jobs"][0]
+        grew = all(
+            after["step"] > before["step"]
+            for before, after in zip(first["tasks"], current["tasks"], strict=True)
+        )
+        return current if grew else None
+
+    running = wait_for(every_step_grew, 60)
+    between = time.monotonic() - read_first
+    assert running["state"] == "running"
+    for before, after in zip(first["tasks"], running["tasks"], strict=True):
+        assert after["state"] == "running"
+        # A newer heartbeat arrived between the two reads: the one seen first would be older by
+        # the whole time between them.
+        assert after["heartbeat_age"] < before["heartbeat_age"] + between  # order: newer
+        assert after["address"].startswith("127.0.0.1:")
+
     pids = _pids(running)
     supervisor = running["supervisor"]["pid"]
     assert len(pids) == 4 and all(is_alive(p) for p in [*pids, supervisor])
