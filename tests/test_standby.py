@@ -127,6 +127,7 @@ def test_the_keeper_replaces_a_stale_standby_and_runs_a_fresh_script_in_a_matchi
         wait_for(lambda: (tmp_path / "task.log").read_text().count("seen ") == 2, 60)
         keeper.terminate()
         assert not link.exited.wait(1.0) and keeper.poll() is None and is_alive(ready[2])
+        assert verify_trainer(ready[2], keeper.pid) == ""  # the keeper's own, checked first
         os.kill(ready[2], signal.SIGTERM)  # Slurm's own SIGTERM to the trainer
         assert link.exited.wait(30) and link.exit_code == 42
         keeper.wait(timeout=30)
